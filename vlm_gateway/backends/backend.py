@@ -1,0 +1,75 @@
+"""One upstream engine: its address, profile, pooled HTTP client and live state."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from ..config import BackendConfig, UpstreamConfig
+
+
+@dataclass(eq=False)
+class Backend:
+    name: str
+    base_url: str  # ends with /v1
+    engine: str = "openai"
+    api_key: str = ""
+    models: set[str] = field(default_factory=set)
+    models_configured: bool = False
+    profile: dict[str, Any] = field(default_factory=dict)
+    metrics_url: str = ""
+    # live state
+    healthy: bool = True
+    inflight: int = 0
+    consecutive_failures: int = 0
+    ejected_until: float = 0.0
+    ejections: int = 0
+    # scraped engine load (running, waiting, kv_usage, prefix hits/queries)
+    engine_load: dict[str, float] = field(default_factory=dict)
+    scraped_at: float = 0.0
+    session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_config(cls, cfg: BackendConfig, index: int, profile: dict[str, Any] | None = None) -> "Backend":
+        url = cfg.url.rstrip("/")
+        if not url.endswith("/v1"):
+            url += "/v1"
+        parts = urlsplit(url)
+        origin = f"{parts.scheme}://{parts.netloc}"
+        metrics = cfg.metrics_url or (f"{origin}/metrics" if cfg.engine in ("vllm", "trtllm", "sim") else "")
+        return cls(name=cfg.name or f"{parts.netloc}", base_url=url, engine=cfg.engine, api_key=cfg.api_key,
+                   models=set(cfg.models), models_configured=bool(cfg.models), profile=dict(profile or {}),
+                   metrics_url=metrics)
+
+    @property
+    def origin(self) -> str:
+        p = urlsplit(self.base_url)
+        return f"{p.scheme}://{p.netloc}"
+
+    @property
+    def capacity(self) -> int:
+        """Concurrent sequences the profile admits (0 = unbounded)."""
+        return int(self.profile.get("max_num_seqs") or 0)
+
+    @property
+    def available(self) -> bool:
+        return self.healthy and time.monotonic() >= self.ejected_until
+
+    async def start(self, cfg: UpstreamConfig) -> None:
+        connector = aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=cfg.max_connections,
+                                         ttl_dns_cache=60, keepalive_timeout=60, enable_cleanup_closed=True)
+        headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        self.session = aiohttp.ClientSession(connector=connector, headers=headers, auto_decompress=False,
+                                             skip_auto_headers=("User-Agent",), raise_for_status=False)
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name})"

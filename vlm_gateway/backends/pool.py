@@ -1,0 +1,158 @@
+"""The backend pool: which upstreams exist, which are usable now, and which one a
+request goes to (filter -> policy rank -> first with a free slot).
+
+Health: an active probe of each backend's ``/health`` every
+``routing.health_interval_s`` (which also refreshes served models when they are
+not configured), and passive ejection after ``eject_after_failures`` consecutive
+failures with exponential back-off (a simple circuit breaker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import aiohttp
+import orjson
+
+from .. import metrics
+from ..config import GatewayConfig
+from ..proxy.errors import NotFound, Unavailable
+from .backend import Backend
+from .router import get_policy
+
+if TYPE_CHECKING:
+    from ..proxy.request import ChatRequest
+
+log = logging.getLogger("vlm_gateway.pool")
+
+STATES = ("closed", "open", "down")
+
+
+class Pool:
+    def __init__(self, cfg: GatewayConfig, backends: list[Backend]) -> None:
+        self.cfg = cfg
+        self.backends = backends
+        self.policy = get_policy(cfg.routing.policy, cfg.routing)
+        # Extra filters (profile admission, ...) added by routing modules: (req, backend) -> reason|None
+        self.filters: list = []
+        self._tasks: list[asyncio.Task] = []
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        for b in self.backends:
+            await b.start(self.cfg.upstream)
+        await asyncio.gather(*(self.probe(b) for b in self.backends))
+        self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        for b in self.backends:
+            await b.close()
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.routing.health_interval_s)
+            await asyncio.gather(*(self.probe(b) for b in self.backends), return_exceptions=True)
+
+    async def probe(self, b: Backend) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(1.0, self.cfg.routing.health_interval_s))
+        ok = False
+        try:
+            async with b.session.get(f"{b.origin}/health", timeout=timeout) as r:
+                ok = r.status == 200
+            if ok and not b.models_configured:
+                async with b.session.get(f"{b.base_url}/models", timeout=timeout) as r:
+                    if r.status == 200:
+                        data = orjson.loads(await r.read())
+                        b.models = {m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m}
+        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError, OSError):
+            ok = False
+        if ok != b.healthy:
+            log.warning("backend %s is %s", b.name, "healthy again" if ok else "unhealthy (probe failed)")
+        b.healthy = ok
+        if ok and b.ejected_until and b.consecutive_failures >= self.cfg.routing.eject_after_failures:
+            # the probe succeeded: let the next request through (half-open)
+            b.ejected_until = min(b.ejected_until, time.monotonic())
+        self._export(b)
+
+    def _export(self, b: Backend) -> None:
+        metrics.BACKEND_HEALTHY.labels(b.name).set(1 if b.available else 0)
+        state = "down" if not b.healthy else "open" if time.monotonic() < b.ejected_until else "closed"
+        for s in STATES:
+            metrics.BACKEND_STATE.labels(b.name, s).set(1 if s == state else 0)
+
+    # -- outcome bookkeeping -----------------------------------------------------------
+    def record_success(self, b: Backend) -> None:
+        if b.consecutive_failures:
+            b.consecutive_failures = 0
+            b.ejected_until = 0.0
+            b.ejections = 0
+            self._export(b)
+
+    def record_failure(self, b: Backend) -> None:
+        r = self.cfg.routing
+        b.consecutive_failures += 1
+        if b.consecutive_failures >= r.eject_after_failures:
+            delay = min(r.eject_max_s, r.eject_base_s * (2 ** b.ejections))
+            b.ejections += 1
+            b.ejected_until = time.monotonic() + delay
+            log.warning("backend %s ejected for %.1fs after %d consecutive failures",
+                        b.name, delay, b.consecutive_failures)
+        self._export(b)
+
+    # -- choice ------------------------------------------------------------------------
+    def models(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for b in self.backends:
+            for m in sorted(b.models):
+                seen.setdefault(m, None)
+        return list(seen)
+
+    @property
+    def known_models(self) -> set[str]:
+        return set().union(*(b.models for b in self.backends)) if self.backends else set()
+
+    def serving(self, model: str) -> list[Backend]:
+        return [b for b in self.backends if model in b.models]
+
+    def candidates(self, req: "ChatRequest", exclude: set[Backend] = frozenset()) -> list[Backend]:
+        serving = self.serving(req.model)
+        if not serving:
+            raise NotFound(f"The model '{req.model}' does not exist or is not served by any backend",
+                           param="model", code="model_not_found")
+        usable = [b for b in serving if b.available and b not in exclude]
+        if not usable:
+            raise Unavailable("No healthy backend is available for this model; retry shortly",
+                              code="no_healthy_backend", headers={"retry-after": "1"})
+        for f in self.filters:
+            kept, reasons = [], []
+            for b in usable:
+                why = f(req, b)
+                (reasons.append(why) if why else kept.append(b))
+            if not kept:
+                from ..proxy.errors import BadRequest
+                raise BadRequest(f"No backend can serve this request: {reasons[0]}", code="no_backend_admits",
+                                 param="messages")
+            usable = kept
+        return usable
+
+    async def acquire(self, req: "ChatRequest", exclude: set[Backend] = frozenset()) -> Backend:
+        """Pick the best candidate and take a slot on it."""
+        ranked = self.policy.rank(req, self.candidates(req, exclude))
+        b = ranked[0]
+        b.inflight += 1
+        metrics.BACKEND_INFLIGHT.labels(b.name).inc()
+        return b
+
+    def release(self, b: Backend) -> None:
+        b.inflight -= 1
+        metrics.BACKEND_INFLIGHT.labels(b.name).dec()

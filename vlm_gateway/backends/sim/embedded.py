@@ -1,0 +1,48 @@
+"""Run the simulator in a background thread of the gateway process (the default
+backend when none is configured)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import uvicorn
+
+from .app import create_sim_app
+from .engine import SimEngine, SimProfile
+
+SIM_MODEL = "qwen3vl-sim"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_in_thread(profile: SimProfile, port: int | None = None) -> str:
+    """Start the simulator on 127.0.0.1; returns its base URL once it answers."""
+    port = port or free_port()
+    ready = threading.Event()
+
+    def run() -> None:
+        async def main() -> None:
+            engine = SimEngine(profile)
+            config = uvicorn.Config(create_sim_app(engine, SIM_MODEL), host="127.0.0.1", port=port,
+                                    log_level="warning", lifespan="off", access_log=False)
+            server = uvicorn.Server(config)
+            server.install_signal_handlers = lambda: None  # the main thread owns signals
+            task = asyncio.ensure_future(server.serve())
+            while not server.started:
+                await asyncio.sleep(0.01)
+            ready.set()
+            await task
+
+        asyncio.run(main())
+
+    threading.Thread(target=run, name="vlm-gateway-simulator", daemon=True).start()
+    if not ready.wait(15):
+        raise RuntimeError("the embedded simulator did not start")
+    return f"http://127.0.0.1:{port}/v1"

@@ -1,0 +1,138 @@
+"""``vlm-gateway`` command line: serve, sim, launch, hash-key."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import sys
+import tempfile
+
+import orjson
+
+from . import __version__
+from .config import BackendConfig, ConfigError, load_config
+
+log = logging.getLogger("vlm_gateway")
+
+
+def _setup_logging(level: str, fmt: str) -> None:
+    from .logs import setup_logging
+    setup_logging(level, fmt)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    overrides: dict = {}
+    server = {k: v for k, v in (("host", args.host), ("port", args.port), ("workers", args.workers),
+                                ("log_format", args.log_format)) if v is not None}
+    if server:
+        overrides["server"] = server
+    try:
+        cfg = load_config(args.config, overrides=overrides)
+    except ConfigError as e:
+        print(f"vlm-gateway: config error: {e}", file=sys.stderr)
+        return 2
+    for url in args.backend or ():
+        if not url.startswith(("http://", "https://")):
+            print(f"vlm-gateway: config error: --backend: must be an http(s) URL, got {url!r}", file=sys.stderr)
+            return 2
+        cfg.backends.append(BackendConfig(url=url, engine="openai"))
+    _setup_logging(cfg.server.log_level, cfg.server.log_format)
+    if not cfg.backends:
+        from .backends.sim.embedded import start_in_thread
+        from .backends.sim.profiles import get_profile
+        prof = get_profile(cfg.simulator.profile, time_scale=cfg.simulator.time_scale)
+        url = start_in_thread(prof)
+        cfg.backends.append(BackendConfig(url=url, name="simulator", engine="sim"))
+        banner = "!" * 78
+        log.warning("%s", banner)
+        log.warning("NO BACKEND CONFIGURED: serving the built-in SIMULATOR (profile %s) at %s.", prof.name, url)
+        log.warning("It is a test instrument that generates filler text, NOT a model.")
+        log.warning("Add backends with --backend URL or a config file to serve a real engine.")
+        log.warning("%s", banner)
+    if cfg.server.host not in ("127.0.0.1", "localhost", "::1") and not cfg.auth.tenants:
+        log.warning("listening on %s without API keys: anyone who can reach it can use the backends",
+                    cfg.server.host)
+    import uvicorn
+    os.environ["VLM_GATEWAY_CONFIG_JSON"] = orjson.dumps(cfg.to_dict()).decode()
+    if cfg.server.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="vlm-gateway-metrics-")
+    log.info("vlm-gateway %s listening on http://%s:%d (%d worker%s, %d backend%s)", __version__,
+             cfg.server.host, cfg.server.port, cfg.server.workers, "s" if cfg.server.workers > 1 else "",
+             len(cfg.backends), "s" if len(cfg.backends) > 1 else "")
+    uvicorn.run("vlm_gateway.proxy.app:create_app", factory=True, host=cfg.server.host, port=cfg.server.port,
+                workers=cfg.server.workers, log_level="warning", access_log=False, loop="uvloop",
+                http="httptools", timeout_graceful_shutdown=5)
+    return 0
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .backends.sim import SimEngine, create_sim_app
+    from .backends.sim.profiles import get_profile
+    _setup_logging("info", "text")
+    try:
+        prof = get_profile(args.profile, time_scale=args.time_scale, decode_tokens_per_s=args.token_rate)
+    except KeyError as e:
+        print(f"vlm-gateway sim: {e.args[0]}", file=sys.stderr)
+        return 2
+    log.warning("vlm-gateway SIMULATOR (test instrument, generates filler text), profile %s, engine %s, "
+                "model %s, on http://%s:%d", prof.name, args.engine, args.model, args.host, args.port)
+    app = create_sim_app(SimEngine(prof, engine=args.engine), args.model, echo=args.echo)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                loop="uvloop", http="httptools")
+    return 0
+
+
+def cmd_hash_key(args: argparse.Namespace) -> int:
+    print(hashlib.sha256(args.key.encode()).hexdigest())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vlm-gateway", description="OpenAI-compatible gateway for VLM servers")
+    p.add_argument("--version", action="version", version=f"vlm-gateway {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="run the gateway")
+    s.add_argument("--config", help="YAML config file (see examples/gateway.yaml)")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.add_argument("--backend", action="append", metavar="URL",
+                   help="OpenAI-compatible upstream, e.g. http://gpu1:8000/v1 (repeatable)")
+    s.add_argument("--workers", type=int)
+    s.add_argument("--log-format", choices=["text", "json"])
+    s.set_defaults(func=cmd_serve)
+
+    m = sub.add_parser("sim", help="run the vLLM-like simulator (a test instrument)")
+    m.add_argument("--host", default="127.0.0.1")
+    m.add_argument("--port", type=int, default=8000)
+    m.add_argument("--profile", default="h200-qwen3vl-2b")
+    m.add_argument("--model", default="qwen3vl-sim", help="served model name")
+    m.add_argument("--engine", choices=["vllm", "trtllm"], default="vllm", help="metric names to expose")
+    m.add_argument("--time-scale", type=float, default=1.0, help="0.1 = ten times faster than real time")
+    m.add_argument("--token-rate", type=float, default=None, help="decode tokens/s of one sequence")
+    m.add_argument("--echo", action="store_true", help="answer with the last user text, then filler")
+    m.set_defaults(func=cmd_sim)
+
+    h = sub.add_parser("hash-key", help="print the sha256 of an API key for auth.tenants[].key_sha256")
+    h.add_argument("key")
+    h.set_defaults(func=cmd_hash_key)
+
+    try:
+        from .backends.launch import add_parser as add_launch
+        add_launch(sub)
+    except ImportError:
+        pass
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""The gateway's one configuration model.
+
+A YAML file maps onto these dataclasses key by key; every field has a default, so
+an empty file (or none) is a valid configuration. Environment variables named
+``VLM_GATEWAY_<SECTION>__<KEY>`` (double underscore between levels, e.g.
+``VLM_GATEWAY_SERVER__PORT=9000`` or ``VLM_GATEWAY_REDIS_URL=redis://...``)
+override the file; their values are parsed as YAML scalars/lists.
+
+Errors name the offending key (``images.max_long_side: expected int, got 'big'``)
+and the CLI exits with status 2. ``docs/CONFIG.md`` is generated from this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+ENV_PREFIX = "VLM_GATEWAY_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or of the wrong type."""
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    workers: int = 1
+    # Bodies above this are refused with 413 before they are parsed.
+    max_body_bytes: int = 32 * 1024 * 1024
+    # SSE comment keepalives while waiting for the first upstream byte.
+    keepalive_interval_s: float = 5.0
+    log_level: str = "info"
+    log_format: Literal["text", "json"] = "text"
+    # Serve the playground/status page at /ui.
+    ui: bool = True
+
+
+@dataclass
+class UpstreamConfig:
+    connect_timeout_s: float = 5.0
+    # Longest silence between two upstream bytes.
+    read_timeout_s: float = 300.0
+    # Whole request, first byte to last.
+    total_timeout_s: float = 900.0
+    # Keep-alive connections per backend.
+    max_connections: int = 1024
+
+
+@dataclass
+class BackendConfig:
+    url: str = ""
+    name: str = ""
+    api_key: str = ""
+    # Served model names; empty = ask the backend's /v1/models.
+    models: list[str] = field(default_factory=list)
+    engine: Literal["vllm", "trtllm", "sim", "openai"] = "openai"
+    # GPU profile name from profiles.yaml (or config `profiles`).
+    profile: str = ""
+    # Prometheus endpoint of the engine; default <origin>/metrics for vllm/trtllm/sim.
+    metrics_url: str = ""
+
+
+@dataclass
+class RoutingConfig:
+    policy: str = "round_robin"
+    # Retries on another backend after a connect error or a 5xx before the first byte.
+    max_retries: int = 2
+    health_interval_s: float = 2.0
+    scrape_interval_s: float = 0.25
+    # Consecutive failures before a backend is ejected (circuit open).
+    eject_after_failures: int = 3
+    eject_base_s: float = 1.0
+    eject_max_s: float = 30.0
+    # Admission: wait this long for a free slot when every candidate is full, then 429.
+    queue_timeout_s: float = 10.0
+    max_queue: int = 1024
+    # Affinity: follow the remembered backend unless its load exceeds this (0..1 of capacity).
+    affinity_max_load: float = 0.9
+    affinity_ttl_s: float = 600.0
+    affinity_max_entries: int = 100_000
+
+
+@dataclass
+class ImagesConfig:
+    enabled: bool = True
+    max_long_side: int = 768
+    # Token grid: 32 for Qwen3-VL (16 px patches merged 2x2), 28 for Qwen2/2.5-VL.
+    grid_factor: int = 32
+    min_pixels: int = 65536
+    max_pixels: int = 16777216
+    detail_low_long_side: int = 448
+    detail_high_long_side: int = 1280
+    url_mode: Literal["fetch", "passthrough", "reject"] = "fetch"
+    allow_private_networks: bool = False
+    allow_domains: list[str] = field(default_factory=list)
+    deny_domains: list[str] = field(default_factory=list)
+    fetch_timeout_s: float = 5.0
+    max_fetch_bytes: int = 20 * 1024 * 1024
+    max_redirects: int = 3
+    max_source_pixels: int = 64_000_000
+    trim_borders: bool = True
+    trim_tolerance: int = 8
+    jpeg_quality: int = 90
+    # L1 rewritten-image cache.
+    l1_max_bytes: int = 256 * 1024 * 1024
+    l1_redis_ttl_s: int = 3600
+    # Decode/resize pool: 0 = one per core; queued jobs beyond this get 503.
+    pool_workers: int = 0
+    max_queue: int = 64
+    # Per-model overrides: {model_name: {max_long_side: .., grid_factor: .., ...}}
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class CacheConfig:
+    enabled: bool = True
+    # default: cache only deterministic requests (temperature 0 or a seed).
+    mode: Literal["deterministic", "always", "off"] = "deterministic"
+    ttl_s: int = 3600
+    max_bytes: int = 128 * 1024 * 1024
+    max_entry_bytes: int = 1024 * 1024
+    normalized: bool = True
+    semantic: bool = False
+    semantic_threshold: float = 0.97
+    semantic_max_entries_per_partition: int = 10_000
+    redis_timeout_s: float = 0.05
+
+
+@dataclass
+class TenantConfig:
+    name: str = ""
+    # sha256 hex of the API key (`vlm-gateway hash-key KEY`).
+    key_sha256: str = ""
+    models: list[str] = field(default_factory=list)
+    requests_per_minute: int = 0
+    concurrent_streams: int = 0
+    images_per_minute: int = 0
+    visual_tokens_per_minute: int = 0
+    max_tokens_cap: int = 0
+    # Tenants sharing a cache_scope share cached answers; default = the tenant itself.
+    cache_scope: str = ""
+
+
+@dataclass
+class AuthConfig:
+    tenants: list[TenantConfig] = field(default_factory=list)
+    admin_key_sha256: str = ""
+
+
+@dataclass
+class LimitsConfig:
+    max_messages: int = 1024
+    max_images_per_request: int = 16
+    max_total_image_bytes: int = 64 * 1024 * 1024
+    max_tokens_cap: int = 0
+
+
+@dataclass
+class SimulatorConfig:
+    """The built-in simulator started when no backend is configured."""
+
+    profile: str = "h200-qwen3vl-2b"
+    time_scale: float = 1.0
+
+
+@dataclass
+class GatewayConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    backends: list[BackendConfig] = field(default_factory=list)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    images: ImagesConfig = field(default_factory=ImagesConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
+    # Extra/overriding GPU profiles, same shape as the shipped profiles.yaml entries.
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Shared state for several replicas (caches, rate limits); empty = in-process only.
+    redis_url: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return _build(tp, value, key)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: expected one of {', '.join(map(str, args))}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            try:
+                return _convert(arg, value, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return {str(k): _convert(args[1], v, f"{key}.{k}") for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected int, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected string, got {value!r}")
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if k not in names:
+            raise ConfigError(f"{key}: unknown key")
+        kwargs[k] = _convert(hints[k], v, key)
+    return cls(**kwargs)
+
+
+def _apply_env(data: dict[str, Any], environ: typing.Mapping[str, str]) -> None:
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{name}: {'.'.join(path)} is not a section")
+        node[path[-1]] = value
+
+
+def load_config(path: str | None = None, environ: typing.Mapping[str, str] | None = None,
+                overrides: dict[str, Any] | None = None) -> GatewayConfig:
+    """Read YAML (optional), apply ``VLM_GATEWAY_*`` env vars, then ``overrides``."""
+    environ = os.environ if environ is None else environ
+    path = path or environ.get(ENV_PREFIX + "CONFIG") or None
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                loaded = yaml.safe_load(f)
+        except OSError as e:
+            raise ConfigError(f"config file {path}: {e.strerror}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path}: invalid YAML ({str(e).splitlines()[0]})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: the top level must be a mapping")
+        data = loaded
+    _apply_env(data, environ)
+    for k, v in (overrides or {}).items():
+        data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
+    cfg = _build(GatewayConfig, data)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: GatewayConfig) -> None:
+    """Checks that go beyond types."""
+    if not 0 < cfg.server.port < 65536:
+        raise ConfigError(f"server.port: must be 1-65535, got {cfg.server.port}")
+    if cfg.server.workers < 1:
+        raise ConfigError("server.workers: must be >= 1")
+    for i, b in enumerate(cfg.backends):
+        if not b.url.startswith(("http://", "https://")):
+            raise ConfigError(f"backends[{i}].url: must be an http(s) URL, got {b.url!r}")
+    if cfg.images.grid_factor < 1 or cfg.images.max_long_side < cfg.images.grid_factor:
+        raise ConfigError("images.max_long_side: must be >= images.grid_factor")
+    if cfg.cache.semantic_threshold < 0.95 or cfg.cache.semantic_threshold > 1.0:
+        raise ConfigError("cache.semantic_threshold: must be within [0.95, 1.0]")
+    for i, t in enumerate(cfg.auth.tenants):
+        if len(t.key_sha256) != 64:
+            raise ConfigError(f"auth.tenants[{i}].key_sha256: must be a 64-char sha256 hex digest")
+
+
+def config_from_json(data: dict[str, Any]) -> GatewayConfig:
+    """Rebuild a config passed to worker processes as JSON."""
+    return _build(GatewayConfig, data)

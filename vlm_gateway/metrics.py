@@ -1,0 +1,68 @@
+"""Every Prometheus metric the gateway exports, in one place.
+
+Names are prefixed ``vlm_gateway_``; labels are bounded (model, backend, route,
+status, level, reason, state) and never carry user data. With several workers the
+CLI sets ``PROMETHEUS_MULTIPROC_DIR`` before this module is imported, and
+``render()`` aggregates the workers' files.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               generate_latest)
+
+MULTIPROC = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+_FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_SLOW = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+def _gauge(name: str, doc: str, labels: tuple[str, ...] = (), mode: str = "livesum") -> Gauge:
+    return Gauge(name, doc, labels, multiprocess_mode=mode)
+
+
+REQUESTS = Counter("vlm_gateway_requests_total", "Requests by route, model and status",
+                   ("route", "model", "status"))
+OVERHEAD = Histogram("vlm_gateway_overhead_seconds", "Time spent in the gateway, upstream excluded",
+                     ("route",), buckets=_FAST)
+UPSTREAM_TTFT = Histogram("vlm_gateway_upstream_ttft_seconds", "Upstream time to first token",
+                          ("backend",), buckets=_SLOW)
+UPSTREAM_E2E = Histogram("vlm_gateway_upstream_e2e_seconds", "Upstream end-to-end time",
+                         ("backend",), buckets=_SLOW)
+TOKENS = Counter("vlm_gateway_tokens_total", "Prompt/completion tokens reported by upstreams",
+                 ("model", "kind"))
+VISUAL_TOKENS = Counter("vlm_gateway_visual_tokens_total",
+                        "Visual tokens before and after rewrite, and saved", ("model", "stage"))
+IMAGE_BYTES = Counter("vlm_gateway_image_bytes_total", "Image bytes in (source) and out (sent)",
+                      ("direction",))
+IMAGES = Counter("vlm_gateway_images_total", "Images handled by outcome", ("outcome",))
+REWRITE_SECONDS = Histogram("vlm_gateway_image_rewrite_seconds", "Image rewrite time (decode+resize+encode)",
+                            buckets=_FAST[3:] + (2.5,))
+CACHE_LOOKUPS = Counter("vlm_gateway_cache_lookups_total", "Cache lookups per level", ("level",))
+CACHE_HITS = Counter("vlm_gateway_cache_hits_total", "Cache hits per level", ("level",))
+BACKEND_HEALTHY = _gauge("vlm_gateway_backend_healthy", "1 when the backend is healthy",
+                         ("backend",), mode="max")
+BACKEND_STATE = _gauge("vlm_gateway_backend_circuit_state",
+                       "Circuit state per backend (1 for the current state)", ("backend", "state"), mode="max")
+BACKEND_INFLIGHT = _gauge("vlm_gateway_backend_inflight", "Requests in flight per backend", ("backend",))
+BACKEND_LOAD = _gauge("vlm_gateway_backend_load", "Normalised load per backend (0..1+)", ("backend",),
+                      mode="max")
+ENGINE_METRIC = _gauge("vlm_gateway_engine_metric", "Scraped engine load figures",
+                       ("backend", "metric"), mode="max")
+QUEUE_DEPTH = _gauge("vlm_gateway_queue_depth", "Requests waiting for a backend slot")
+REJECTIONS = Counter("vlm_gateway_rejections_total", "Rejected requests by status and reason",
+                     ("status", "reason"))
+RETRIES = Counter("vlm_gateway_retries_total", "Upstream attempts retried on another backend", ("reason",))
+ROUTING = Counter("vlm_gateway_routing_decisions_total", "Routing decisions by policy and outcome",
+                  ("policy", "outcome"))
+
+
+def render() -> tuple[bytes, str]:
+    if MULTIPROC:
+        from prometheus_client import multiprocess
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(), CONTENT_TYPE_LATEST

@@ -1,0 +1,105 @@
+"""The ASGI application: routes, lifespan, middleware stack."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+import orjson
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .. import metrics
+from ..config import GatewayConfig, config_from_json
+from .asgi import RequestIdMiddleware
+from .endpoints import CompletionEndpoint
+from .errors import NotFound, error_bytes
+from .gateway import Gateway
+from .request import parse_chat, parse_completion
+
+log = logging.getLogger("vlm_gateway")
+
+CONFIG_ENV = "VLM_GATEWAY_CONFIG_JSON"
+
+
+def _json(data, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json", headers=headers)
+
+
+def _gateway(scope) -> Gateway:
+    return scope["app"].state.gateway
+
+
+async def models(request: Request) -> Response:
+    gw = _gateway(request.scope)
+    data = [{"id": m, "object": "model", "created": 0, "owned_by": "vlm-gateway"} for m in gw.pool.models()]
+    return _json({"object": "list", "data": data})
+
+
+async def health(request: Request) -> Response:
+    return _json({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    gw = _gateway(request.scope)
+    healthy = [b.name for b in gw.pool.backends if b.available]
+    if healthy:
+        return _json({"status": "ready", "healthy_backends": len(healthy)})
+    return Response(error_bytes(503, "No healthy backend", "service_unavailable", "no_healthy_backend"),
+                    status_code=503, media_type="application/json", headers={"retry-after": "1"})
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    body, ctype = metrics.render()
+    return Response(body, media_type=ctype)
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    err = NotFound(f"Unknown path {request.url.path}", code="unknown_url")
+    return Response(err.json(), status_code=404, media_type="application/json")
+
+
+async def method_not_allowed(request: Request, exc: Exception) -> Response:
+    return Response(error_bytes(405, f"Method {request.method} not allowed on {request.url.path}",
+                                "invalid_request_error", "method_not_allowed"),
+                    status_code=405, media_type="application/json")
+
+
+def create_app(cfg: GatewayConfig | None = None) -> Starlette:
+    """Build the ASGI app. ``cfg`` defaults to what the CLI passed to this worker."""
+    if cfg is None:
+        cfg = config_from_json(orjson.loads(os.environ[CONFIG_ENV])) if CONFIG_ENV in os.environ \
+            else GatewayConfig()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        gw = Gateway(cfg)
+        app.state.gateway = gw
+        await gw.start()
+        try:
+            yield
+        finally:
+            await gw.close()
+
+    routes = [
+        Route("/v1/chat/completions", CompletionEndpoint("chat", parse_chat, _gateway), methods=["POST"]),
+        Route("/v1/completions", CompletionEndpoint("completions", parse_completion, _gateway), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+    ]
+    try:
+        from .extra_routes import routes as extra  # admin, ui, openapi (added by later modules)
+        routes += extra(cfg)
+    except ImportError:
+        pass
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    middleware=[Middleware(RequestIdMiddleware)],
+                    exception_handlers={404: not_found, 405: method_not_allowed})
+    app.state.config = cfg
+    return app

@@ -1,0 +1,139 @@
+"""HTTP endpoints. The two completion routes are raw ASGI apps so the relay
+controls exactly when headers and chunks go out and can watch for a client
+disconnect (which cancels the upstream request, stream or not)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+import orjson
+
+from .. import metrics
+from ..middleware import Reply, run_stages
+from .errors import GatewayError, PayloadTooLarge
+from .relay import Responder
+from .sse import fresh_ids, replay
+
+if TYPE_CHECKING:
+    from .gateway import Gateway
+    from .request import ChatRequest
+
+log = logging.getLogger("vlm_gateway.proxy")
+
+
+async def read_body(scope, receive, limit: int) -> bytes:
+    for k, v in scope["headers"]:
+        if k == b"content-length":
+            try:
+                if int(v) > limit:
+                    raise PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes",
+                                          code="body_too_large", reason="body_too_large")
+            except ValueError:
+                pass
+            break
+    chunks = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise asyncio.CancelledError
+        body = msg.get("body", b"")
+        size += len(body)
+        if size > limit:
+            raise PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes",
+                                  code="body_too_large", reason="body_too_large")
+        chunks.append(body)
+        if not msg.get("more_body"):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _until_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def error_headers(err: GatewayError, request_id: str | None) -> list[tuple[bytes, bytes]]:
+    h = [(b"content-type", b"application/json")]
+    if request_id:
+        h.append((b"x-request-id", request_id.encode()))
+    h += [(k.encode(), v.encode()) for k, v in err.headers.items()]
+    return h
+
+
+class CompletionEndpoint:
+    """POST /v1/chat/completions and /v1/completions."""
+
+    def __init__(self, route: str, parse: Callable[..., "ChatRequest"], get_gateway) -> None:
+        self.route = route
+        self.parse = parse
+        self.get_gateway = get_gateway
+
+    async def __call__(self, scope, receive, send) -> None:
+        gw: Gateway = self.get_gateway(scope)
+        state = scope.setdefault("state", {})
+        rid = state.get("request_id")
+        out = Responder(send)
+        me = asyncio.current_task()
+        disconnect = None
+        req = None
+        model = "unknown"
+        status = 200
+        try:
+            raw = await read_body(scope, receive, gw.cfg.server.max_body_bytes)
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            req = self.parse(raw, headers, rid)
+            req.state["scope_state"] = state
+            state["req"] = req
+            model = req.model if req.model in gw.pool.known_models else "other"
+            disconnect = asyncio.ensure_future(_until_disconnect(receive))
+            disconnect.add_done_callback(lambda t: None if out.finishing or t.cancelled() else me.cancel())
+            reply = await run_stages(gw.stages, req)
+            if reply is not None:
+                await self._reply(gw, req, reply, out)
+            elif req.stream:
+                await gw.relay.stream(req, out)
+            else:
+                await gw.relay.non_stream(req, out)
+            status = out.status
+        except asyncio.CancelledError:
+            status = 499  # client closed the request
+            state["cancelled"] = True
+        except GatewayError as e:
+            status = e.status
+            metrics.REJECTIONS.labels(str(e.status), e.reason).inc()
+            if out.started:
+                await gw.relay._stream_error(out, e)
+            else:
+                await out.start(e.status, error_headers(e, rid))
+                await out.end(e.json())
+        except Exception:
+            status = 500
+            log.exception("unexpected error in %s (request %s)", self.route, rid)
+            if not out.started:
+                err = GatewayError("The gateway hit an internal error; the request was not completed",
+                                   code="internal_error")
+                await out.start(500, error_headers(err, rid))
+                await out.end(err.json())
+        finally:
+            if disconnect is not None:
+                disconnect.cancel()
+            state["status"] = status
+            metrics.REQUESTS.labels(self.route, model, str(status)).inc()
+            if req is not None:
+                metrics.OVERHEAD.labels(self.route).observe(
+                    max(0.0, time.perf_counter() - req.t_start - req.upstream_s))
+
+    async def _reply(self, gw: "Gateway", req: "ChatRequest", reply: Reply, out: Responder) -> None:
+        req.response_headers.update(reply.headers)
+        completion = fresh_ids(reply.completion)
+        if req.stream:
+            await out.start(200, gw.response_headers(req, b"text/event-stream"))
+            for ev in replay(completion, req.include_usage):
+                await out.body(ev)
+            await out.end()
+        else:
+            await out.start(200, gw.response_headers(req, b"application/json"))
+            await out.end(orjson.dumps(completion))
