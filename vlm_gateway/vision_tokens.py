@@ -55,3 +55,26 @@ def estimate_text_tokens(text: str | bytes) -> int:
     """Cheap text-token estimate (about 4 bytes a token) for routing and the simulator."""
     n = len(text.encode("utf-8")) if isinstance(text, str) else len(text)
     return (n + 3) // 4
+
+
+def target_size(width: int, height: int, max_long_side: int, factor: int = QWEN3_FACTOR,
+                min_pixels: int = QWEN3_MIN_PIXELS) -> tuple[int, int]:
+    """Size the image stage rewrites a width x height image to (width, height).
+
+    Within budget (long side <= ``max_long_side``): unchanged, the image passes
+    through. Otherwise scaled to the budget with aspect kept, both sides snapped to
+    multiples of ``factor`` (round-half-even, at least one cell, long side never
+    above the budget), and grown back if that fell under ``min_pixels`` (never
+    beyond the source size): the model would upscale such an image anyway.
+    """
+    if max(width, height) <= max_long_side:
+        return width, height
+    cap = max(factor, (max_long_side // factor) * factor)
+    scale = max_long_side / max(width, height)
+    w = min(cap, max(factor, round(width * scale / factor) * factor))
+    h = min(cap, max(factor, round(height * scale / factor) * factor))
+    if w * h < min_pixels:
+        beta = math.sqrt(min_pixels / (w * h))
+        w = min(max(factor, (width // factor) * factor), math.ceil(w * beta / factor) * factor)
+        h = min(max(factor, (height // factor) * factor), math.ceil(h * beta / factor) * factor)
+    return w, h
