@@ -1,0 +1,161 @@
+"""``vlm-gateway launch``: the engine command line a GPU profile implies.
+
+vLLM (``vllm serve``, flags of vLLM 0.24): ``--max-model-len``, ``--max-num-seqs``,
+``--gpu-memory-utilization``, ``--limit-mm-per-prompt`` (JSON form),
+``--mm-processor-kwargs`` (JSON; Qwen3-VL takes ``size.longest_edge`` /
+``size.shortest_edge`` in pixels, Qwen2/2.5-VL ``max_pixels`` / ``min_pixels``),
+``--enable-prefix-caching``, ``--quantization``, ``--cpu-offload-gb``,
+``--max-num-batched-tokens``, ``--dtype``.
+
+TensorRT-LLM (``trtllm-serve MODEL``, PyTorch backend): ``--max_batch_size``,
+``--max_num_tokens``, ``--max_seq_len``, ``--kv_cache_free_gpu_memory_fraction``
+and ``--extra_llm_api_options FILE`` (YAML; accepted as ``--config`` by newer
+releases) for what has no flag: ``dtype`` and ``kv_cache_config.enable_block_reuse``.
+trtllm-serve has no image-size flag: the gateway's rewrite is the only budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+from typing import Any
+
+from ..vision_tokens import QWEN3_MIN_PIXELS
+
+
+def _compact(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=False)
+
+
+def mm_processor_kwargs(model: str, profile: dict[str, Any]) -> dict[str, Any] | None:
+    px = int(profile.get("image_max_pixels") or 0)
+    if not px:
+        return None
+    low = model.lower()
+    if "qwen2" in low:  # Qwen2-VL / Qwen2.5-VL image processors read these two keys
+        return {"min_pixels": min(3136, px), "max_pixels": px}
+    # Qwen3-VL's processor reads size.{shortest,longest}_edge, both in pixels
+    return {"size": {"longest_edge": px, "shortest_edge": min(QWEN3_MIN_PIXELS, px)}}
+
+
+def vllm_command(model: str, profile: dict[str, Any], host: str = "0.0.0.0", port: int = 8000,
+                 served_name: str = "") -> list[str]:
+    p = profile
+    cmd = ["vllm", "serve", model, "--host", host, "--port", str(port)]
+    if served_name:
+        cmd += ["--served-model-name", served_name]
+    if p.get("max_model_len"):
+        cmd += ["--max-model-len", str(p["max_model_len"])]
+    if p.get("max_num_seqs"):
+        cmd += ["--max-num-seqs", str(p["max_num_seqs"])]
+    if p.get("max_num_batched_tokens"):
+        cmd += ["--max-num-batched-tokens", str(p["max_num_batched_tokens"])]
+    cmd += ["--gpu-memory-utilization", f"{float(p.get('gpu_memory_utilization') or 0.9):g}"]
+    if p.get("dtype") and p["dtype"] != "auto":
+        cmd += ["--dtype", p["dtype"]]
+    if p.get("max_images_per_prompt"):
+        cmd += ["--limit-mm-per-prompt", _compact({"image": int(p["max_images_per_prompt"]), "video": 0})]
+    kw = mm_processor_kwargs(model, p)
+    if kw:
+        cmd += ["--mm-processor-kwargs", _compact(kw)]
+    cmd.append("--enable-prefix-caching" if p.get("enable_prefix_caching", True) else "--no-enable-prefix-caching")
+    if p.get("quantization"):
+        cmd += ["--quantization", p["quantization"]]
+    if p.get("cpu_offload_gb"):
+        cmd += ["--cpu-offload-gb", f"{float(p['cpu_offload_gb']):g}"]
+    cmd += list(p.get("engine_flags") or [])
+    return cmd
+
+
+def trtllm_options(profile: dict[str, Any]) -> dict[str, Any]:
+    """The ``--extra_llm_api_options`` YAML body (LLM API arguments without a flag)."""
+    opts: dict[str, Any] = {"kv_cache_config": {
+        "enable_block_reuse": bool(profile.get("enable_prefix_caching", True))}}
+    if profile.get("dtype") and profile["dtype"] != "auto":
+        opts["dtype"] = profile["dtype"]
+    if profile.get("quantization"):
+        opts["quant_config"] = {"quant_algo": profile["quantization"].upper()}
+    return opts
+
+
+def trtllm_command(model: str, profile: dict[str, Any], host: str = "0.0.0.0", port: int = 8000,
+                   options_path: str = "extra_llm_api_options.yaml") -> list[str]:
+    p = profile
+    cmd = ["trtllm-serve", model, "--host", host, "--port", str(port), "--backend", "pytorch"]
+    if p.get("max_num_seqs"):
+        cmd += ["--max_batch_size", str(p["max_num_seqs"])]
+    if p.get("max_num_batched_tokens"):
+        cmd += ["--max_num_tokens", str(p["max_num_batched_tokens"])]
+    if p.get("max_model_len"):
+        cmd += ["--max_seq_len", str(p["max_model_len"])]
+    cmd += ["--kv_cache_free_gpu_memory_fraction", f"{float(p.get('gpu_memory_utilization') or 0.9):g}",
+            "--trust_remote_code", "--extra_llm_api_options", options_path]
+    cmd += list(p.get("engine_flags") or [])
+    return cmd
+
+
+def _yaml(obj: dict[str, Any]) -> str:
+    import yaml
+    return yaml.safe_dump(obj, sort_keys=False)
+
+
+def command_for(profile: dict[str, Any], model: str, host: str, port: int, served_name: str = "",
+                options_path: str = "extra_llm_api_options.yaml") -> tuple[list[str], str]:
+    """(argv, trtllm options YAML or '')."""
+    if profile.get("engine") == "trtllm":
+        return trtllm_command(model, profile, host, port, options_path), _yaml(trtllm_options(profile))
+    return vllm_command(model, profile, host, port, served_name), ""
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from ..config import ConfigError, load_config
+    from .profiles import load_profiles
+    try:
+        extra = load_config(args.config).profiles if args.config else {}
+        profiles = load_profiles(extra)
+    except ConfigError as e:
+        print(f"vlm-gateway launch: config error: {e}", file=sys.stderr)
+        return 2
+    if args.profile not in profiles:
+        print(f"vlm-gateway launch: unknown profile {args.profile!r}; known: {', '.join(sorted(profiles))}",
+              file=sys.stderr)
+        return 2
+    prof = profiles[args.profile]
+    opts_path = args.options_file or os.path.join(tempfile.gettempdir(), f"trtllm-{args.profile}-{args.port}.yaml")
+    argv, opts = command_for(prof, args.model, args.host, args.port, args.served_model_name or "", opts_path)
+    if prof.get("quantization") and prof["quantization"].lower() not in args.model.lower():
+        print(f"# note: profile {args.profile} expects a {prof['quantization']} checkpoint of the model",
+              file=sys.stderr)
+    if args.dry_run:
+        if opts:
+            print(f"cat > {shlex.quote(opts_path)} <<'EOF'\n{opts}EOF")
+        print(shlex.join(argv))
+        return 0
+    if opts:
+        with open(opts_path, "w", encoding="utf-8") as f:
+            f.write(opts)
+    print(shlex.join(argv), file=sys.stderr, flush=True)
+    try:
+        os.execvp(argv[0], argv)
+    except FileNotFoundError:
+        print(f"vlm-gateway launch: {argv[0]} is not installed (use --dry-run to print the command)",
+              file=sys.stderr)
+        return 127
+    return 0  # pragma: no cover - exec does not return
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("launch", help="print or run the engine command of a GPU profile")
+    p.add_argument("--profile", required=True, help="GPU profile name (backends/profiles.yaml or config)")
+    p.add_argument("--model", required=True, help="model name or path, e.g. Qwen/Qwen3-VL-2B-Instruct")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--served-model-name", default="")
+    p.add_argument("--config", help="gateway config whose `profiles:` extend the shipped ones")
+    p.add_argument("--options-file", help="where to write trtllm-serve's extra LLM API options YAML")
+    p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    p.set_defaults(func=cmd_launch)
