@@ -57,6 +57,11 @@ REJECTIONS = Counter("vlm_gateway_rejections_total", "Rejected requests by statu
 RETRIES = Counter("vlm_gateway_retries_total", "Upstream attempts retried on another backend", ("reason",))
 ROUTING = Counter("vlm_gateway_routing_decisions_total", "Routing decisions by policy and outcome",
                   ("policy", "outcome"))
+RATE_LIMITED = Counter("vlm_gateway_rate_limited_total",
+                       "Requests refused by a per-tenant rate limit, by limit "
+                       "(requests, images, tokens, concurrency)", ("limit",))
+RATELIMIT_FALLBACKS = Counter("vlm_gateway_ratelimit_redis_failures_total",
+                              "Redis failures that switched rate limits to in-process buckets")
 
 
 def render() -> tuple[bytes, str]:
