@@ -1,0 +1,292 @@
+"""The playground and status page at /ui, and the small JSON APIs behind it.
+
+Static files (``vlm_gateway/ui/``) need no build step. Two APIs:
+
+- ``POST /ui/api/rewrite`` ``{"image": "data:...;base64,...", "model": .., "detail": ..}``
+  runs the image stage's rewrite on the bytes and returns before/after figures
+  (size, bytes, visual tokens) plus the rewritten image as a data URI;
+- ``GET /ui/api/status``: backends (profile, health, load, in-flight), cache hit
+  ratios per level, image totals and this worker's recent requests.
+
+Access: ``server.ui: false`` removes all of it. When an admin key is configured
+(``auth.admin_key_sha256``) the APIs require it as ``Authorization: Bearer``; the
+static files carry no data and stay readable. When tenants are configured but no
+admin key is, /ui is disabled: the status view would show every tenant's traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import hashlib
+import hmac
+import io
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pybase64
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from .. import metrics
+from ..config import GatewayConfig
+from ..vision_tokens import visual_tokens
+from . import recent
+from .errors import BadRequest, GatewayError, NotFound, PayloadTooLarge, Unauthorized
+from .request import ChatRequest, ImagePart
+
+if TYPE_CHECKING:
+    from .gateway import Gateway
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "ui"
+_DATA_URI = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?:;[^,]*)?;base64,", re.I)
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json",
+                    headers={"cache-control": "no-store"})
+
+
+def _error(err: GatewayError) -> Response:
+    return Response(err.json(), status_code=err.status, media_type="application/json",
+                    headers=err.headers)
+
+
+def _gateway(request: Request) -> "Gateway":
+    return request.app.state.gateway
+
+
+def _check_key(cfg: GatewayConfig, request: Request) -> None:
+    want = cfg.auth.admin_key_sha256
+    if not want:
+        return
+    auth = request.headers.get("authorization", "")
+    key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    if not key:
+        raise Unauthorized("The /ui APIs need the admin key as 'Authorization: Bearer <key>'",
+                           code="missing_api_key")
+    got = hashlib.sha256(key.encode()).hexdigest()
+    if not hmac.compare_digest(got, want.lower()):
+        raise Unauthorized("The key is not the admin key", code="invalid_api_key")
+
+
+def _guarded(cfg: GatewayConfig, handler):
+    async def endpoint(request: Request) -> Response:
+        try:
+            _check_key(cfg, request)
+            return await handler(request)
+        except GatewayError as e:
+            return _error(e)
+    return endpoint
+
+
+# -- rewrite ---------------------------------------------------------------------------
+
+def _describe(data: bytes, cfg: GatewayConfig) -> dict[str, Any]:
+    """Size/format/tokens of encoded image bytes (header only, no full decode)."""
+    from PIL import Image
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            w, h, fmt = im.width, im.height, (im.format or "").lower()
+    except Exception:
+        raise BadRequest("The image could not be read (unsupported or corrupt file)",
+                         param="image", code="invalid_image") from None
+    ic = cfg.images
+    try:
+        tokens = visual_tokens(w, h, ic.grid_factor, ic.min_pixels, ic.max_pixels)
+    except ValueError as e:
+        raise BadRequest(f"The image cannot be sent to the model: {e}", param="image",
+                         code="invalid_image") from None
+    return {"width": w, "height": h, "bytes": len(data), "format": fmt, "tokens": tokens}
+
+
+def _decode_data_uri(value: Any) -> tuple[bytes, str]:
+    if not isinstance(value, str) or not _DATA_URI.match(value):
+        raise BadRequest("'image' must be a base64 data URI (data:image/...;base64,...)",
+                         param="image", code="invalid_type")
+    head, _, b64 = value.partition(",")
+    try:
+        return pybase64.b64decode("".join(b64.split()), validate=True), value
+    except (binascii.Error, ValueError):
+        raise BadRequest("'image' is not valid base64", param="image", code="invalid_image") from None
+
+
+async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: str) -> tuple[str, dict]:
+    """Run the gateway's own image stage on a one-image chat request, as a real
+    request would go through it (same budget, same cache), and return the data
+    URI it would send upstream plus what it recorded on the image part."""
+    part: dict[str, Any] = {"type": "image_url", "image_url": {"url": data_uri}}
+    if detail in ("low", "high"):
+        part["image_url"]["detail"] = detail
+    body = {"model": model, "messages": [{"role": "user", "content": [part]}]}
+    req = ChatRequest(body=body, route="chat", model=model, stream=False, headers={},
+                      request_id="ui-rewrite", images=[ImagePart(0, 0, part)])
+    if not gw.cfg.images.enabled:
+        return data_uri, {"rewritten": False, "reason": "image rewriting is switched off (images.enabled)"}
+    stage = _image_stage(gw)
+    if stage is None:
+        return data_uri, {"rewritten": False, "reason": "the image stage is not installed"}
+    await stage(req)
+    # A stage may defer the rewrite until a backend is chosen (its budget); use the
+    # best candidate the pool would pick, without taking a slot.
+    if req.before_send:
+        backend = None
+        try:
+            backend = gw.pool.policy.rank(req, gw.pool.candidates(req))[0]
+        except GatewayError:
+            backend = None
+        for hook in req.before_send:
+            await hook(req, backend)
+    msg = req.body["messages"][0]["content"][0]
+    url = msg["image_url"] if isinstance(msg["image_url"], str) else msg["image_url"].get("url", "")
+    return url, {"rewritten": url != data_uri}
+
+
+def _image_stage(gw: "Gateway"):
+    try:
+        from ..middleware.images import stage as image_stage
+    except ModuleNotFoundError:
+        return None
+    return image_stage.make(gw)
+
+
+def routes_rewrite(cfg: GatewayConfig):
+    async def rewrite(request: Request) -> Response:
+        gw = _gateway(request)
+        raw = await request.body()
+        if len(raw) > cfg.server.max_body_bytes:
+            raise PayloadTooLarge(f"Request body is larger than the limit of {cfg.server.max_body_bytes} bytes",
+                                  code="body_too_large")
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise BadRequest("Request body is not valid JSON", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise BadRequest("Request body must be a JSON object", code="invalid_json")
+        models = gw.pool.models()
+        model = body.get("model") or (models[0] if models else "")
+        if not isinstance(model, str) or not model:
+            raise BadRequest("'model' is required (no backend serves any model yet)", param="model",
+                             code="missing_required_parameter")
+        detail = body.get("detail") or "auto"
+        src, data_uri = _decode_data_uri(body.get("image"))
+        loop = asyncio.get_running_loop()
+        before = await loop.run_in_executor(None, _describe, src, cfg)
+        t0 = time.perf_counter()
+        out_uri, info = await _rewrite_with_stage(gw, data_uri, model, detail)
+        ms = (time.perf_counter() - t0) * 1000.0
+        if out_uri == data_uri:
+            after = dict(before)
+        else:
+            out_bytes, _ = _decode_data_uri(out_uri)
+            after = await loop.run_in_executor(None, _describe, out_bytes, cfg)
+        return _json({"model": model, "detail": detail, "before": before, "after": after,
+                      "rewritten": info.get("rewritten", False), "reason": info.get("reason"),
+                      "tokens_saved": before["tokens"] - after["tokens"],
+                      "rewrite_ms": round(ms, 2), "image": out_uri})
+    return rewrite
+
+
+# -- status ----------------------------------------------------------------------------
+
+def _counter_values() -> dict[str, dict[tuple, float]]:
+    """Current values of the counters the status view summarises (all workers
+    in multi-process mode, since render() aggregates them)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    wanted = {"vlm_gateway_cache_lookups", "vlm_gateway_cache_hits", "vlm_gateway_requests",
+              "vlm_gateway_visual_tokens", "vlm_gateway_image_bytes", "vlm_gateway_images"}
+    body, _ = metrics.render()
+    out: dict[str, dict[tuple, float]] = {}
+    for fam in text_string_to_metric_families(body.decode()):
+        if fam.name not in wanted:
+            continue
+        for s in fam.samples:
+            if s.name.endswith("_total"):
+                out.setdefault(fam.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def _sum_by(values: dict[tuple, float], label: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for labels, v in values.items():
+        key = dict(labels).get(label, "")
+        out[key] = out.get(key, 0.0) + v
+    return out
+
+
+def _backend_view(b) -> dict[str, Any]:
+    now = time.monotonic()
+    cap = b.capacity
+    return {
+        "name": b.name, "engine": b.engine, "url": b.base_url, "models": sorted(b.models),
+        "profile": b.profile.get("name") or "", "gpu": b.profile.get("gpu") or "",
+        "healthy": b.healthy, "available": b.available,
+        "state": "down" if not b.healthy else "ejected" if now < b.ejected_until else "ok",
+        "inflight": b.inflight, "capacity": cap,
+        "load": round(b.inflight / cap, 3) if cap else None,
+        "engine_load": dict(b.engine_load),
+        "scraped_age_s": round(now - b.scraped_at, 1) if b.scraped_at else None,
+    }
+
+
+def routes_status(cfg: GatewayConfig):
+    async def status(request: Request) -> Response:
+        gw = _gateway(request)
+        loop = asyncio.get_running_loop()
+        counters = await loop.run_in_executor(None, _counter_values)
+        lookups = _sum_by(counters.get("vlm_gateway_cache_lookups", {}), "level")
+        hits = _sum_by(counters.get("vlm_gateway_cache_hits", {}), "level")
+        cache = [{"level": lvl, "lookups": int(lookups.get(lvl, 0)), "hits": int(hits.get(lvl, 0)),
+                  "ratio": round(hits.get(lvl, 0) / n, 4) if n else None}
+                 for lvl, n in sorted(lookups.items())]
+        vt = _sum_by(counters.get("vlm_gateway_visual_tokens", {}), "stage")
+        ib = _sum_by(counters.get("vlm_gateway_image_bytes", {}), "direction")
+        req_by_status = _sum_by(counters.get("vlm_gateway_requests", {}), "status")
+        return _json({
+            "time": time.time(),
+            "backends": [_backend_view(b) for b in gw.pool.backends],
+            "routing_policy": cfg.routing.policy,
+            "cache": cache,
+            "images": {"visual_tokens": {k: int(v) for k, v in vt.items()},
+                       "bytes": {k: int(v) for k, v in ib.items()},
+                       "outcomes": {k: int(v) for k, v in _sum_by(counters.get("vlm_gateway_images", {}),
+                                                                 "outcome").items()}},
+            "requests_by_status": {k: int(v) for k, v in req_by_status.items()},
+            "recent": recent.snapshot(),
+            "workers": cfg.server.workers,
+        })
+    return status
+
+
+async def _models(request: Request) -> Response:
+    return _json({"models": _gateway(request).pool.models()})
+
+
+def routes(cfg: GatewayConfig) -> list:
+    if not cfg.server.ui:
+        return []
+    if cfg.auth.tenants and not cfg.auth.admin_key_sha256:
+        async def disabled(request: Request) -> Response:
+            return _error(NotFound("The /ui page is disabled: API keys are configured but no admin key "
+                                   "(auth.admin_key_sha256) is", code="ui_disabled"))
+        return [Route("/ui", disabled), Route("/ui/{path:path}", disabled, methods=["GET", "POST"])]
+
+    async def to_index(request: Request) -> Response:
+        return RedirectResponse("/ui/", status_code=307)
+
+    async def config(request: Request) -> Response:
+        return _json({"auth": bool(cfg.auth.admin_key_sha256), "api_auth": bool(cfg.auth.tenants)})
+
+    return [
+        Route("/ui", to_index, methods=["GET"]),
+        Route("/ui/api/config", config, methods=["GET"]),
+        Route("/ui/api/models", _guarded(cfg, _models), methods=["GET"]),
+        Route("/ui/api/status", _guarded(cfg, routes_status(cfg)), methods=["GET"]),
+        Route("/ui/api/rewrite", _guarded(cfg, routes_rewrite(cfg)), methods=["POST"]),
+        Mount("/ui", app=StaticFiles(directory=str(STATIC_DIR), html=True), name="ui"),
+    ]

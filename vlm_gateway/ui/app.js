@@ -1,0 +1,254 @@
+// Playground and status page of vlm-gateway. Plain browser JavaScript, no build step.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { image: null, auth: false, statusTimer: null };
+
+function headers(extra) {
+  const h = Object.assign({}, extra || {});
+  const key = $("key").value.trim();
+  if (key) h["Authorization"] = "Bearer " + key;
+  return h;
+}
+
+async function api(path, opts) {
+  const r = await fetch(path, Object.assign({}, opts, { headers: headers((opts || {}).headers) }));
+  const body = await r.json().catch(() => ({}));
+  if (!r.ok) throw new Error((body.error && body.error.message) || ("HTTP " + r.status));
+  return body;
+}
+
+function fmtBytes(n) {
+  if (n == null) return "–";
+  if (n < 1024) return n + " B";
+  if (n < 1024 * 1024) return (n / 1024).toFixed(1) + " KiB";
+  return (n / 1024 / 1024).toFixed(2) + " MiB";
+}
+const fmtInt = (n) => (n == null ? "–" : Number(n).toLocaleString("en-US"));
+const pct = (a, b) => (b ? Math.round((1 - a / b) * 100) : 0);
+
+function showError(msg) { $("error").textContent = msg || ""; }
+
+// -- tabs ------------------------------------------------------------------------------
+function showTab() {
+  const name = location.hash === "#status" ? "status" : "playground";
+  for (const v of ["playground", "status"]) {
+    $(v).hidden = v !== name;
+    $("tab-" + v).classList.toggle("active", v === name);
+  }
+  clearInterval(state.statusTimer);
+  if (name === "status") {
+    refreshStatus();
+    state.statusTimer = setInterval(refreshStatus, 2000);
+  }
+}
+
+// -- image input -------------------------------------------------------------------------
+function takeFile(file) {
+  if (!file || !file.type.startsWith("image/")) { showError("Not an image file"); return; }
+  const reader = new FileReader();
+  reader.onload = () => {
+    state.image = reader.result;
+    $("img-before").src = state.image;
+    $("img-after").removeAttribute("src");
+    $("bytes-before").textContent = fmtBytes(file.size);
+    for (const id of ["size-before", "tokens-before", "size-after", "bytes-after", "tokens-after"]) $(id).textContent = "–";
+    $("saving").textContent = "";
+    $("drop-hint").textContent = file.name || "pasted image";
+    $("run").disabled = false;
+    showError("");
+  };
+  reader.readAsDataURL(file);
+}
+
+function fillFacts(side, info) {
+  $("size-" + side).textContent = info.width + " × " + info.height + (info.format ? " " + info.format.toUpperCase() : "");
+  $("bytes-" + side).textContent = fmtBytes(info.bytes);
+  $("tokens-" + side).textContent = fmtInt(info.tokens);
+  $("tokens-" + side).dataset.value = info.tokens;
+  $("bytes-" + side).dataset.value = info.bytes;
+}
+
+// -- rewrite + streamed answer ------------------------------------------------------------
+async function run(ev) {
+  ev.preventDefault();
+  if (!state.image) return;
+  showError("");
+  $("run").disabled = true;
+  $("answer").textContent = "";
+  $("answer-meta").textContent = "";
+  $("answer-state").textContent = "";
+  const model = $("model").value;
+  const detail = $("detail").value;
+  try {
+    const rw = await api("/ui/api/rewrite", {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ image: state.image, model, detail }),
+    });
+    fillFacts("before", rw.before);
+    fillFacts("after", rw.after);
+    $("img-after").src = rw.image;
+    $("saving").textContent = rw.rewritten
+      ? `Visual tokens ${fmtInt(rw.before.tokens)} → ${fmtInt(rw.after.tokens)} (−${pct(rw.after.tokens, rw.before.tokens)}%), ` +
+        `bytes ${fmtBytes(rw.before.bytes)} → ${fmtBytes(rw.after.bytes)} (−${pct(rw.after.bytes, rw.before.bytes)}%), rewritten in ${rw.rewrite_ms} ms`
+      : "Sent unchanged" + (rw.reason ? ": " + rw.reason : " (already within the image budget)");
+    await ask(model, detail);
+  } catch (e) {
+    showError(e.message);
+  } finally {
+    $("run").disabled = false;
+  }
+}
+
+async function ask(model, detail) {
+  const image_url = { url: state.image };
+  if (detail !== "auto") image_url.detail = detail;
+  const body = {
+    model, stream: true, stream_options: { include_usage: true },
+    max_tokens: parseInt($("max-tokens").value, 10) || 64,
+    messages: [{ role: "user", content: [
+      { type: "text", text: $("question").value },
+      { type: "image_url", image_url },
+    ] }],
+  };
+  const t0 = performance.now();
+  $("answer-state").textContent = "waiting…";
+  const r = await fetch("/v1/chat/completions", {
+    method: "POST", headers: headers({ "Content-Type": "application/json" }), body: JSON.stringify(body),
+  });
+  if (!r.ok) {
+    const err = await r.json().catch(() => ({}));
+    throw new Error((err.error && err.error.message) || ("HTTP " + r.status));
+  }
+  const reader = r.body.getReader();
+  const dec = new TextDecoder();
+  let buf = "", ttft = null, usage = null, chunks = 0;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += dec.decode(value, { stream: true });
+    let cut;
+    while ((cut = buf.indexOf("\n\n")) >= 0) {
+      const evt = buf.slice(0, cut);
+      buf = buf.slice(cut + 2);
+      for (const line of evt.split("\n")) {
+        if (!line.startsWith("data:")) continue;
+        const data = line.slice(5).trim();
+        if (data === "[DONE]") continue;
+        const obj = JSON.parse(data);
+        if (obj.error) throw new Error(obj.error.message);
+        if (obj.usage) usage = obj.usage;
+        const delta = obj.choices && obj.choices[0] && obj.choices[0].delta;
+        if (delta && delta.content) {
+          if (ttft === null) { ttft = performance.now() - t0; $("answer-state").textContent = "streaming…"; }
+          $("answer").textContent += delta.content;
+          chunks++;
+        }
+      }
+    }
+  }
+  const total = performance.now() - t0;
+  $("answer-state").textContent = "done";
+  $("answer").dataset.chunks = chunks;
+  const parts = [
+    `first token ${ttft === null ? "–" : ttft.toFixed(0) + " ms"}`, `total ${total.toFixed(0)} ms`, `${chunks} chunks`,
+    `backend ${r.headers.get("x-vlm-gateway-backend") || "?"}`,
+    `gateway overhead ${r.headers.get("x-vlm-gateway-overhead-ms") || "?"} ms`,
+  ];
+  if (usage) parts.push(`prompt tokens ${usage.prompt_tokens}, completion tokens ${usage.completion_tokens}`);
+  $("answer-meta").textContent = parts.join(" · ");
+}
+
+// -- status -------------------------------------------------------------------------------
+function cell(tr, text, cls) {
+  const td = document.createElement("td");
+  td.textContent = text;
+  if (cls) td.className = cls;
+  tr.appendChild(td);
+}
+
+function fillTable(id, rows, render) {
+  const tbody = $(id).querySelector("tbody");
+  tbody.textContent = "";
+  for (const row of rows) {
+    const tr = document.createElement("tr");
+    render(tr, row);
+    tbody.appendChild(tr);
+  }
+  if (!rows.length) {
+    const tr = document.createElement("tr");
+    cell(tr, "none yet", "muted");
+    tr.firstChild.colSpan = $(id).querySelectorAll("th").length;
+    tbody.appendChild(tr);
+  }
+}
+
+async function refreshStatus() {
+  let s;
+  try { s = await api("/ui/api/status"); } catch (e) { $("status-time").textContent = e.message; return; }
+  $("status-time").textContent = new Date(s.time * 1000).toLocaleTimeString() + " · routing " + s.routing_policy;
+  fillTable("backends", s.backends, (tr, b) => {
+    const el = b.engine_load || {};
+    cell(tr, b.name); cell(tr, b.engine); cell(tr, b.profile || "–");
+    cell(tr, b.state, b.state === "ok" ? "ok" : "bad");
+    cell(tr, b.capacity ? `${b.inflight} / ${b.capacity}` : String(b.inflight));
+    cell(tr, b.load == null ? "–" : (b.load * 100).toFixed(0) + "%");
+    cell(tr, el.running == null ? "–" : `${el.running} / ${el.waiting ?? 0}`);
+    cell(tr, el.kv_usage == null ? "–" : (el.kv_usage * 100).toFixed(1) + "%");
+  });
+  fillTable("caches", s.cache, (tr, c) => {
+    cell(tr, c.level); cell(tr, fmtInt(c.lookups)); cell(tr, fmtInt(c.hits));
+    cell(tr, c.ratio == null ? "–" : (c.ratio * 100).toFixed(1) + "%");
+  });
+  const vt = s.images.visual_tokens || {};
+  const before = vt.before || 0, after = vt.after || 0;
+  $("image-totals").textContent = before
+    ? `Visual tokens ${fmtInt(before)} → ${fmtInt(after)} (−${pct(after, before)}%) across all rewritten images`
+    : "No images rewritten yet";
+  fillTable("recent", s.recent, (tr, q) => {
+    cell(tr, new Date(q.time * 1000).toLocaleTimeString()); cell(tr, q.route); cell(tr, q.model || "–");
+    cell(tr, String(q.status), q.status < 400 ? "ok" : "bad"); cell(tr, q.backend || "–");
+    cell(tr, String(q.images ?? 0));
+    cell(tr, q.images ? `${fmtInt(q.visual_tokens_before)} → ${fmtInt(q.visual_tokens_after)}` : "–");
+    cell(tr, q.cache || "–");
+    cell(tr, q.overhead_ms == null ? "–" : q.overhead_ms + " ms");
+    cell(tr, q.duration_ms == null ? "–" : q.duration_ms + " ms");
+  });
+}
+
+// -- start ------------------------------------------------------------------------------------
+async function loadModels() {
+  try {
+    const m = await api("/ui/api/models");
+    $("model").textContent = "";
+    for (const id of m.models) {
+      const o = document.createElement("option");
+      o.textContent = id;
+      $("model").appendChild(o);
+    }
+  } catch (e) { showError(e.message); }
+}
+
+async function init() {
+  const cfg = await fetch("/ui/api/config").then((r) => r.json()).catch(() => ({}));
+  state.auth = !!(cfg.auth || cfg.api_auth);
+  $("key-box").hidden = !state.auth;
+  $("key").value = sessionStorage.getItem("vlmgw-key") || "";
+  $("key").addEventListener("change", () => { sessionStorage.setItem("vlmgw-key", $("key").value); loadModels(); });
+  $("file").addEventListener("change", (e) => takeFile(e.target.files[0]));
+  const drop = $("drop");
+  drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
+  drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+  drop.addEventListener("drop", (e) => { e.preventDefault(); drop.classList.remove("over"); takeFile(e.dataTransfer.files[0]); });
+  document.addEventListener("paste", (e) => {
+    const item = [...(e.clipboardData || {}).items || []].find((i) => i.type.startsWith("image/"));
+    if (item) takeFile(item.getAsFile());
+  });
+  $("ask").addEventListener("submit", run);
+  window.addEventListener("hashchange", showTab);
+  showTab();
+  await loadModels();
+  document.body.dataset.ready = "1";
+}
+
+init();
