@@ -313,9 +313,22 @@ def validate(cfg: GatewayConfig) -> None:
         raise ConfigError("images.max_long_side: must be >= images.grid_factor")
     if cfg.cache.semantic_threshold < 0.95 or cfg.cache.semantic_threshold > 1.0:
         raise ConfigError("cache.semantic_threshold: must be within [0.95, 1.0]")
+    names: set[str] = set()
     for i, t in enumerate(cfg.auth.tenants):
-        if len(t.key_sha256) != 64:
-            raise ConfigError(f"auth.tenants[{i}].key_sha256: must be a 64-char sha256 hex digest")
+        if not _is_sha256(t.key_sha256):
+            raise ConfigError(f"auth.tenants[{i}].key_sha256: must be a 64-char sha256 hex digest "
+                              "(vlm-gateway hash-key KEY)")
+        if not t.name:
+            raise ConfigError(f"auth.tenants[{i}].name: required")
+        if t.name in names:
+            raise ConfigError(f"auth.tenants[{i}].name: duplicate tenant name {t.name!r}")
+        names.add(t.name)
+    if cfg.auth.admin_key_sha256 and not _is_sha256(cfg.auth.admin_key_sha256):
+        raise ConfigError("auth.admin_key_sha256: must be a 64-char sha256 hex digest (vlm-gateway hash-key KEY)")
+
+
+def _is_sha256(s: str) -> bool:
+    return len(s) == 64 and all(c in "0123456789abcdefABCDEF" for c in s)
 
 
 def config_from_json(data: dict[str, Any]) -> GatewayConfig:

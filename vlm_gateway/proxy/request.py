@@ -69,6 +69,9 @@ class ChatRequest:
     before_send: list[Hook] = field(default_factory=list)
     # Run with the complete, successful response dict: (req, completion) -> None.
     on_complete: list[Hook] = field(default_factory=list)
+    # Run once when the request ends, however it ends (success, error, client abort):
+    # (req) -> None or awaitable. Releases per-request holds such as concurrency slots.
+    on_finish: list[Callable[..., Any]] = field(default_factory=list)
     # Free-form per-stage state (cache keys, affinity keys, tenant limits, ...).
     state: dict[str, Any] = field(default_factory=dict)
     # Gateway-side CPU/wait time spent outside the upstream call (seconds).

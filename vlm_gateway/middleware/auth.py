@@ -1,0 +1,112 @@
+"""API keys -> tenants.
+
+Keys are configured only as sha256 hex digests (``vlm-gateway hash-key KEY``), each
+mapped to a tenant with its allowed models, limits and cache scope. The presented
+``Authorization: Bearer`` key is hashed and compared against every configured
+digest with ``hmac.compare_digest`` (no early exit), so the time taken says nothing
+about which digest, or how much of one, matched.
+
+No tenants configured = auth off: every request is tenant ``anonymous`` (the CLI
+warns when such a gateway binds a non-loopback address). The tenant and its cache
+scope come only from the key, never from a header the client could choose.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import TYPE_CHECKING
+
+from ..config import TenantConfig
+from ..proxy.errors import Forbidden, Unauthorized
+
+if TYPE_CHECKING:
+    from ..proxy.gateway import Gateway
+    from ..proxy.request import ChatRequest
+
+ANONYMOUS = "anonymous"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def bearer(headers) -> str | None:
+    """The key from ``Authorization: Bearer KEY`` (``headers``: any str->str mapping)."""
+    value = headers.get("authorization")
+    if not value:
+        return None
+    scheme, _, key = value.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    key = key.strip()
+    return key or None
+
+
+class KeyTable:
+    """Digest -> tenant, with a constant-time scan."""
+
+    def __init__(self, tenants: list[TenantConfig]) -> None:
+        self.entries = [(bytes.fromhex(t.key_sha256.lower()), t) for t in tenants]
+
+    def lookup(self, key: str) -> TenantConfig | None:
+        digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+        found = None
+        for d, t in self.entries:
+            if hmac.compare_digest(d, digest) and found is None:
+                found = t
+        return found
+
+
+def authenticate(table: KeyTable, headers) -> TenantConfig:
+    """The tenant for these request headers, or raise 401 (the key never appears in the error)."""
+    key = bearer(headers)
+    if key is None:
+        raise Unauthorized("Missing API key: send it as 'Authorization: Bearer <key>'",
+                           code="missing_api_key", reason="missing_api_key")
+    tenant = table.lookup(key)
+    if tenant is None:
+        raise Unauthorized("Invalid API key", code="invalid_api_key", reason="invalid_api_key")
+    return tenant
+
+
+def scope_of(t: TenantConfig) -> str:
+    # Namespaced so that a tenant named like another tenant's explicit scope cannot collide.
+    return f"scope:{t.cache_scope}" if t.cache_scope else f"tenant:{t.name}"
+
+
+def check_admin(gw: "Gateway", headers) -> None:
+    """Admin endpoints: 401 without a key, 403 with a wrong one or when no admin key is configured."""
+    digest = gw.cfg.auth.admin_key_sha256
+    key = bearer(headers)
+    if key is None:
+        raise Unauthorized("Missing admin key: send it as 'Authorization: Bearer <key>'",
+                           code="missing_api_key", reason="missing_api_key")
+    if not digest or not hmac.compare_digest(bytes.fromhex(digest.lower()),
+                                             hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()):
+        raise Forbidden("This key may not use admin endpoints", code="admin_key_required",
+                        reason="admin_key_required")
+
+
+def check_model_access(t: TenantConfig, model: str) -> None:
+    if t.models and model not in t.models:
+        raise Forbidden(f"This API key may not use the model '{model}'", param="model",
+                        code="model_not_allowed", reason="model_not_allowed")
+
+
+def make(gw: "Gateway"):
+    tenants = gw.cfg.auth.tenants
+    if not tenants:
+        return None
+    table = KeyTable(tenants)
+    gw.state_auth = table  # type: ignore[attr-defined]  # reused by /v1/models and admin routes
+
+    async def auth(req: "ChatRequest"):
+        t = authenticate(table, req.headers)
+        check_model_access(t, req.model)
+        req.tenant = t.name
+        req.cache_scope = scope_of(t)
+        req.state["tenant_cfg"] = t
+        return None
+
+    return auth

@@ -1,0 +1,147 @@
+"""Per-tenant rate limits: requests/min, images/min, visual tokens/min and
+concurrent requests, answered with 429 ``RateLimited``, ``Retry-After`` and
+OpenAI-style ``x-ratelimit-*`` headers.
+
+Buckets live in Redis when ``redis_url`` is set (global across replicas) and in
+process otherwise, or while Redis fails (each replica then limits on its own).
+
+Visual tokens are only known after the image stage: a request is admitted while
+the tenant's visual-token bucket is positive, and the tokens actually sent
+upstream are charged when the request finishes (cache hits cost nothing).
+``concurrent_streams`` counts every in-flight request of the tenant, streaming or
+not; the slot is released in ``req.on_finish``, however the request ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+from ... import metrics
+from ...config import TenantConfig
+from ...proxy.errors import RateLimited
+from .buckets import AFTERWARDS, CHARGE, Check, LocalStore, Outcome, RedisStore, RedisUnavailable, duration, reset_after
+
+if TYPE_CHECKING:
+    from ...proxy.gateway import Gateway
+    from ...proxy.request import ChatRequest
+
+log = logging.getLogger("vlm_gateway.ratelimit")
+
+PREFIX = "vlmgw:rl:"
+
+
+def _limited(t: TenantConfig) -> bool:
+    return bool(t.requests_per_minute or t.images_per_minute or t.visual_tokens_per_minute
+                or t.concurrent_streams)
+
+
+class Limiter:
+    def __init__(self, gw: "Gateway") -> None:
+        max_age = gw.cfg.upstream.total_timeout_s + 60.0
+        self.local = LocalStore(max_age)
+        self.redis = RedisStore(gw.cfg.redis_url, max_age) if gw.cfg.redis_url else None
+
+    async def take(self, checks: list[Check]) -> Outcome:
+        if self.redis is not None:
+            try:
+                return await self.redis.take(checks)
+            except RedisUnavailable:
+                pass
+        return self.local.take(checks)
+
+    async def acquire(self, key: str, limit: int, member: str) -> tuple[str | None, int]:
+        """Returns (store that holds the slot or None when refused, count)."""
+        if self.redis is not None:
+            try:
+                ok, n = await self.redis.acquire(key, limit, member)
+                return ("redis" if ok else None), n
+            except RedisUnavailable:
+                pass
+        ok, n = self.local.acquire(key, limit, member)
+        return ("local" if ok else None), n
+
+    async def release(self, store: str, key: str, member: str) -> None:
+        if store == "redis" and self.redis is not None:
+            try:
+                await self.redis.release(key, member)
+            except RedisUnavailable:
+                pass  # the entry ages out after max_age
+        else:
+            self.local.release(key, member)
+
+
+def _refuse(kind: str, limit: float, wait_s: float, headers: dict[str, str], what: str) -> RateLimited:
+    metrics.RATE_LIMITED.labels(kind).inc()
+    headers = dict(headers)
+    headers["retry-after"] = str(max(1, math.ceil(wait_s)))
+    return RateLimited(f"Rate limit reached for {what}: {int(limit)} per minute. "
+                       f"Retry after {headers['retry-after']}s.",
+                       code="rate_limit_exceeded", headers=headers, reason=f"rate_limit_{kind}")
+
+
+def make(gw: "Gateway"):
+    if not any(_limited(t) for t in gw.cfg.auth.tenants):
+        return None
+    limiter = Limiter(gw)
+    gw.ratelimiter = limiter  # type: ignore[attr-defined]
+    if limiter.redis is not None:
+        gw.closers.append(limiter.redis.close)
+
+    async def ratelimit(req: "ChatRequest"):
+        t: TenantConfig | None = req.state.get("tenant_cfg")
+        if t is None or not _limited(t):
+            return None
+        base = f"{PREFIX}{{{t.name}}}:"
+        checks: list[Check] = []
+        kinds: list[str] = []
+        if t.requests_per_minute:
+            checks.append(Check(base + "req", t.requests_per_minute, 1, 1))
+            kinds.append("requests")
+        n_images = len(req.images)
+        if t.images_per_minute and n_images:
+            # a request with more images than the bucket holds passes when the bucket is full
+            checks.append(Check(base + "img", t.images_per_minute, n_images,
+                                min(n_images, t.images_per_minute)))
+            kinds.append("images")
+        if t.visual_tokens_per_minute and n_images:
+            checks.append(Check(base + "vtok", t.visual_tokens_per_minute, 0, AFTERWARDS))
+            kinds.append("tokens")
+        headers: dict[str, str] = {}
+        if checks:
+            res = await limiter.take(checks)
+            for c, kind, level in zip(checks, kinds, res.levels):
+                headers[f"x-ratelimit-limit-{kind}"] = str(int(c.capacity))
+                headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, int(level)))
+                headers[f"x-ratelimit-reset-{kind}"] = duration(reset_after(c.capacity, level))
+            if not res.ok:
+                blocked = [(k, c) for k, c, lv in zip(kinds, checks, res.levels) if lv < c.need]
+                kind, c = blocked[0] if blocked else (kinds[0], checks[0])
+                what = {"requests": "requests", "images": "images",
+                        "tokens": "visual tokens"}[kind]
+                raise _refuse(kind, c.capacity, res.wait_s, headers, what)
+        if t.concurrent_streams:
+            key = base + "conc"
+            store, n = await limiter.acquire(key, t.concurrent_streams, req.request_id)
+            if store is None:
+                metrics.RATE_LIMITED.labels("concurrency").inc()
+                raise RateLimited(f"Too many concurrent requests for this API key (limit {t.concurrent_streams}); "
+                                  "retry when one finishes", code="concurrency_limit_exceeded",
+                                  headers={**headers, "retry-after": "1"}, reason="rate_limit_concurrency")
+
+            async def release(r: "ChatRequest", store=store, key=key) -> None:
+                await limiter.release(store, key, r.request_id)
+            req.on_finish.append(release)
+        if t.visual_tokens_per_minute and n_images:
+            async def charge(r: "ChatRequest", cap=t.visual_tokens_per_minute, key=base + "vtok") -> None:
+                if r.state.get("backend") is None:
+                    return  # answered without a backend (cache hit) or refused before sending
+                used = sum(p.tokens_after or p.tokens_before for p in r.images)
+                if used:
+                    await limiter.take([Check(key, cap, used, CHARGE)])
+            req.on_finish.append(charge)
+        req.response_headers.update(headers)
+        return None
+
+    return ratelimit
