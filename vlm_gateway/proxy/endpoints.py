@@ -14,6 +14,7 @@ import orjson
 from .. import metrics
 from ..middleware import Reply, run_stages
 from .errors import GatewayError, PayloadTooLarge
+from . import recent
 from .relay import Responder
 from .sse import fresh_ids, replay
 
@@ -125,6 +126,7 @@ class CompletionEndpoint:
             if req is not None:
                 metrics.OVERHEAD.labels(self.route).observe(
                     max(0.0, time.perf_counter() - req.t_start - req.upstream_s))
+            recent.record(self.route, req, status)
 
     async def _reply(self, gw: "Gateway", req: "ChatRequest", reply: Reply, out: Responder) -> None:
         req.response_headers.update(reply.headers)
