@@ -120,7 +120,7 @@ class Servers:
 
     def gateway(self, config: dict | None = None, *, backends: list[Proc] | None = None,
                 workers: int = 1, env: dict | None = None, extra_args: list[str] | None = None,
-                port: int | None = None) -> Proc:
+                port: int | None = None, ready_path: str = "/ready") -> Proc:
         port = port or free_port()
         cfg = dict(config or {})
         if backends is not None:
@@ -133,7 +133,7 @@ class Servers:
         with open(path, "w") as f:
             yaml.safe_dump(cfg, f)
         args = ["serve", "--config", path, "--port", str(port), "--workers", str(workers), *(extra_args or [])]
-        return self._spawn(args, port, "gateway", env=env, ready_path="/ready")
+        return self._spawn(args, port, "gateway", env=env, ready_path=ready_path)
 
     def stop_all(self) -> None:
         for p in reversed(self.procs):
