@@ -42,6 +42,11 @@ def _last_user_text(body: dict) -> str:
     return p if isinstance(p, str) else ""
 
 
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: bool = False,
                    keep_requests: int = 256) -> Starlette:
     received: deque = deque(maxlen=keep_requests)
@@ -98,14 +103,24 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
                     "prompt_tokens_details": {"cached_tokens": job.cached_tokens}}
 
         if not stream:
-            try:
+            async def work() -> None:
                 if stall:
                     await asyncio.sleep(stall)
                 async for _ in job.run(len(toks)):
                     pass
-            except asyncio.CancelledError:
+
+            # like vLLM's with_cancellation: a client that hangs up aborts the request
+            task = asyncio.ensure_future(work())
+            gone = asyncio.ensure_future(_disconnected(request))
+            try:
+                await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+            if not task.done():
+                task.cancel()
                 engine.abort(job)
-                raise
+                return Response(b"", status_code=499)
+            task.result()
             if malformed:
                 return Response(b'{"id": "broken", "choices": [', media_type="application/json")
             text = "".join(toks)
