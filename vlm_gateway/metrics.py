@@ -3,7 +3,9 @@
 Names are prefixed ``vlm_gateway_``; labels are bounded (model, backend, route,
 status, level, reason, state) and never carry user data. With several workers the
 CLI sets ``PROMETHEUS_MULTIPROC_DIR`` before this module is imported, and
-``render()`` aggregates the workers' files.
+``render()`` aggregates the workers' files. Every gauge uses a ``live*`` mode so
+the files of a worker that died (and was replaced) are dropped at the next render
+instead of holding a stale in-flight count or health flag.
 """
 
 from __future__ import annotations
@@ -42,15 +44,16 @@ REWRITE_SECONDS = Histogram("vlm_gateway_image_rewrite_seconds", "Image rewrite 
                             buckets=_FAST[3:] + (2.5,))
 CACHE_LOOKUPS = Counter("vlm_gateway_cache_lookups_total", "Cache lookups per level", ("level",))
 CACHE_HITS = Counter("vlm_gateway_cache_hits_total", "Cache hits per level", ("level",))
+# min over workers: a backend any live worker has ejected shows as unhealthy
 BACKEND_HEALTHY = _gauge("vlm_gateway_backend_healthy", "1 when the backend is healthy",
-                         ("backend",), mode="max")
+                         ("backend",), mode="livemin")
 BACKEND_STATE = _gauge("vlm_gateway_backend_circuit_state",
-                       "Circuit state per backend (1 for the current state)", ("backend", "state"), mode="max")
+                       "Circuit state per backend (1 for the current state)", ("backend", "state"), mode="livemax")
 BACKEND_INFLIGHT = _gauge("vlm_gateway_backend_inflight", "Requests in flight per backend", ("backend",))
 BACKEND_LOAD = _gauge("vlm_gateway_backend_load", "Normalised load per backend (0..1+)", ("backend",),
-                      mode="max")
+                      mode="livemax")
 ENGINE_METRIC = _gauge("vlm_gateway_engine_metric", "Scraped engine load figures",
-                       ("backend", "metric"), mode="max")
+                       ("backend", "metric"), mode="livemostrecent")
 QUEUE_DEPTH = _gauge("vlm_gateway_queue_depth", "Requests waiting for a backend slot")
 REJECTIONS = Counter("vlm_gateway_rejections_total", "Rejected requests by status and reason",
                      ("status", "reason"))
@@ -64,9 +67,38 @@ RATELIMIT_FALLBACKS = Counter("vlm_gateway_ratelimit_redis_failures_total",
                               "Redis failures that switched rate limits to in-process buckets")
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_dead_workers(path: str) -> list[int]:
+    """Remove the live-gauge files of worker processes that no longer exist
+    (uvicorn replaces a crashed worker; its files would otherwise stay)."""
+    from prometheus_client import multiprocess
+    dead = set()
+    for name in os.listdir(path):
+        if name.startswith("gauge_live") and name.endswith(".db"):
+            try:
+                pid = int(name[:-3].rsplit("_", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            if pid not in dead and not _pid_alive(pid):
+                dead.add(pid)
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, path)
+    return sorted(dead)
+
+
 def render() -> tuple[bytes, str]:
     if MULTIPROC:
         from prometheus_client import multiprocess
+        reap_dead_workers(os.environ["PROMETHEUS_MULTIPROC_DIR"])
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from .. import metrics
 from ..config import GatewayConfig, config_from_json
-from .asgi import RequestIdMiddleware
+from .asgi import AccessLogMiddleware, RequestIdMiddleware
 from .endpoints import CompletionEndpoint
 from .errors import NotFound, error_bytes
 from .gateway import Gateway
@@ -74,6 +74,10 @@ def create_app(cfg: GatewayConfig | None = None) -> Starlette:
     if cfg is None:
         cfg = config_from_json(orjson.loads(os.environ[CONFIG_ENV])) if CONFIG_ENV in os.environ \
             else GatewayConfig()
+    if not logging.getLogger("vlm_gateway").handlers:
+        # a worker spawned by uvicorn (--workers > 1) starts with logging unset
+        from ..logs import setup_logging
+        setup_logging(cfg.server.log_level, cfg.server.log_format)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -99,7 +103,7 @@ def create_app(cfg: GatewayConfig | None = None) -> Starlette:
     except ImportError:
         pass
     app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(RequestIdMiddleware)],
+                    middleware=[Middleware(RequestIdMiddleware), Middleware(AccessLogMiddleware)],
                     exception_handlers={404: not_found, 405: method_not_allowed})
     app.state.config = cfg
     return app

@@ -104,10 +104,11 @@ class CompletionEndpoint:
             state["cancelled"] = True
         except GatewayError as e:
             status = e.status
-            metrics.REJECTIONS.labels(str(e.status), e.reason).inc()
+            state["error"] = e.reason  # bounded reason, for the access log
             if out.started:
-                await gw.relay._stream_error(out, e)
+                await gw.relay._stream_error(out, e)  # counts the rejection itself
             else:
+                metrics.REJECTIONS.labels(str(e.status), e.reason).inc()
                 await out.start(e.status, error_headers(e, rid))
                 await out.end(e.json())
         except Exception:

@@ -1,5 +1,6 @@
 """Pure-ASGI middleware, one concern per module (in the style of Starlette's own)."""
 
+from .access_log import AccessLogMiddleware
 from .request_id import RequestIdMiddleware
 
-__all__ = ["RequestIdMiddleware"]
+__all__ = ["AccessLogMiddleware", "RequestIdMiddleware"]

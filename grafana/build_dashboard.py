@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Generate grafana/dashboards/vlm-gateway.json.
+
+Every panel query is written once here so the dashboard stays consistent (same
+rate window, same aggregation labels). Run ``python grafana/build_dashboard.py``
+after editing; a test checks the committed JSON matches this script's output and
+evaluates every query against a real Prometheus scraping a running gateway.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent / "dashboards" / "vlm-gateway.json"
+DS = {"type": "prometheus", "uid": "prometheus"}
+W = "[$__rate_interval]"  # Grafana picks a window of at least 4 scrape intervals
+
+
+def rate(metric: str, by: str = "", where: str = "") -> str:
+    sel = f"{metric}{{{where}}}" if where else metric
+    agg = f"sum by ({by}) " if by else "sum "
+    return f"{agg}(rate({sel}{W}))"
+
+
+def quantile(q: float, hist: str, by: str) -> str:
+    return f"histogram_quantile({q}, sum by (le, {by}) (rate({hist}_bucket{W})))"
+
+
+def ratio_by(hits: str, total: str, by: str) -> str:
+    """hits/total per label value; a value with lookups but no hit yet reads 0, not absent."""
+    return (f"(sum by ({by}) (rate({hits}{W})) or 0 * sum by ({by}) (rate({total}{W})))"
+            f" / sum by ({by}) (rate({total}{W}))")
+
+
+# (title, unit, [(expr, legend)], description)
+ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
+    ("Traffic and errors", [
+        ("Requests / s by route and status", "reqps",
+         [(rate("vlm_gateway_requests_total", "route, status"), "{{route}} {{status}}")],
+         "Completion requests answered by the gateway (499 = client closed the request)."),
+        ("Error ratio", "percentunit",
+         [(f'(sum(rate(vlm_gateway_requests_total{{status=~"5.."}}{W})) or vector(0))'
+           f" / sum(rate(vlm_gateway_requests_total{W}))", "5xx"),
+          (f'(sum(rate(vlm_gateway_requests_total{{status=~"4.."}}{W})) or vector(0))'
+           f" / sum(rate(vlm_gateway_requests_total{W}))", "4xx")],
+         "Share of requests answered with an error status (0 when there were none)."),
+        ("Rejections / s by status and reason", "reqps",
+         [(rate("vlm_gateway_rejections_total", "status, reason"), "{{status}} {{reason}}")],
+         "Requests refused with an OpenAI-style error: 400/401/404/413/429/503/504, mid-stream errors."),
+        ("Upstream retries / s", "reqps",
+         [(rate("vlm_gateway_retries_total", "reason"), "{{reason}}")],
+         "Attempts moved to another backend after a connect error or a 5xx before the first byte."),
+    ]),
+    ("Latency", [
+        ("Upstream time to first token", "s",
+         [(quantile(q, "vlm_gateway_upstream_ttft_seconds", "backend"), f"p{int(q * 100)} {{{{backend}}}}")
+          for q in (0.5, 0.95, 0.99)],
+         "From sending the request upstream to the first byte of the answer, per backend."),
+        ("Gateway overhead", "s",
+         [(quantile(q, "vlm_gateway_overhead_seconds", "route"), f"p{int(q * 100)} {{{{route}}}}")
+          for q in (0.5, 0.99)],
+         "Time spent in the gateway itself (parse, stages, rewrite, relay), upstream time excluded."),
+        ("Upstream end-to-end", "s",
+         [(quantile(q, "vlm_gateway_upstream_e2e_seconds", "backend"), f"p{int(q * 100)} {{{{backend}}}}")
+          for q in (0.5, 0.99)],
+         "Whole upstream answer, first byte sent to last byte received."),
+        ("Image rewrite time", "s",
+         [(quantile(q, "vlm_gateway_image_rewrite_seconds", "instance"), f"p{int(q * 100)} {{{{instance}}}}")
+          for q in (0.5, 0.99)],
+         "Decode + trim + resize + encode of one image, off the event loop."),
+    ]),
+    ("Tokens and images", [
+        ("Tokens / s", "short",
+         [(rate("vlm_gateway_tokens_total", "kind"), "{{kind}}")],
+         "Prompt and completion tokens reported by the upstream engines."),
+        ("Visual tokens / s", "short",
+         [(rate("vlm_gateway_visual_tokens_total", "stage"), "{{stage}}")],
+         "Visual tokens the images would cost as sent (before), after the rewrite, and saved."),
+        ("Visual tokens saved", "percentunit",
+         [(f'sum(rate(vlm_gateway_visual_tokens_total{{stage="saved"}}{W}))'
+           f' / sum(rate(vlm_gateway_visual_tokens_total{{stage="before"}}{W}))', "saved / before")],
+         "Share of visual tokens removed by the image rewrite."),
+        ("Image bytes / s", "Bps",
+         [(rate("vlm_gateway_image_bytes_total", "direction"), "{{direction}}")],
+         "Source image bytes received (in) and rewritten bytes sent upstream (out)."),
+    ]),
+    ("Caches", [
+        ("Cache hit ratio per level", "percentunit",
+         [(ratio_by("vlm_gateway_cache_hits_total", "vlm_gateway_cache_lookups_total", "level"), "{{level}}")],
+         "l1 rewritten images, l2 prefix affinity (routed to the backend holding the prefix), "
+         "l3_exact / l3_normalized / l3_semantic response cache."),
+        ("Cache lookups / s per level", "ops",
+         [(rate("vlm_gateway_cache_lookups_total", "level"), "lookups {{level}}"),
+          (rate("vlm_gateway_cache_hits_total", "level"), "hits {{level}}")],
+         "Lookups and hits per cache level."),
+    ]),
+    ("Backends, queue and routing", [
+        ("Backend healthy", "short",
+         [("min by (backend) (vlm_gateway_backend_healthy)", "{{backend}}")],
+         "1 = healthy and not ejected; 0 = probe failed or circuit open."),
+        ("In flight per backend", "short",
+         [("sum by (backend) (vlm_gateway_backend_inflight)", "{{backend}}")],
+         "Requests the gateway has outstanding on each backend (all workers)."),
+        ("Backend load", "percentunit",
+         [("max by (backend) (vlm_gateway_backend_load)", "{{backend}}")],
+         "Normalised load used by the router (engine running+waiting and gateway in-flight over capacity)."),
+        ("Queue depth", "short",
+         [("sum(vlm_gateway_queue_depth)", "waiting for a slot")],
+         "Requests waiting for a free backend slot (admission queue)."),
+        ("Routing decisions / s", "ops",
+         [(rate("vlm_gateway_routing_decisions_total", "policy, outcome"), "{{policy}} {{outcome}}")],
+         "Router outcomes (affinity followed, load-balanced, ...)."),
+        ("Circuit state", "short",
+         [("max by (backend, state) (vlm_gateway_backend_circuit_state) > 0", "{{backend}} {{state}}")],
+         "Current circuit-breaker state per backend (closed, open, down)."),
+    ]),
+    ("Engines (vLLM metrics)", [
+        ("Engine requests running", "short",
+         [("sum by (instance) (vllm:num_requests_running)", "{{instance}}")],
+         "Sequences the engine is decoding now."),
+        ("Engine requests waiting", "short",
+         [("sum by (instance) (vllm:num_requests_waiting)", "{{instance}}")],
+         "Requests queued inside the engine."),
+        ("Engine KV-cache usage", "percentunit",
+         [("max by (instance) (vllm:kv_cache_usage_perc)", "{{instance}}")],
+         "Fraction of the engine's KV-cache blocks in use."),
+        ("Engine prefix-cache hit rate", "percentunit",
+         [(f"sum by (instance) (rate(vllm:prefix_cache_hits_total{W}))"
+           f" / sum by (instance) (rate(vllm:prefix_cache_queries_total{W}))", "{{instance}}")],
+         "Prompt tokens served from the engine's prefix cache over tokens queried."),
+        ("Engine tokens / s", "short",
+         [(f"sum by (instance) (rate(vllm:prompt_tokens_total{W}))", "prompt {{instance}}"),
+          (f"sum by (instance) (rate(vllm:generation_tokens_total{W}))", "generation {{instance}}")],
+         "Prompt and generated tokens processed by each engine."),
+    ]),
+]
+
+
+def panel(pid: int, title: str, unit: str, targets: list[tuple[str, str]], desc: str, x: int, y: int) -> dict:
+    return {
+        "id": pid, "type": "timeseries", "title": title, "description": desc, "datasource": DS,
+        "gridPos": {"h": 8, "w": 6, "x": x, "y": y},
+        "fieldConfig": {"defaults": {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 10}},
+                        "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom"},
+                    "tooltip": {"mode": "multi", "sort": "desc"}},
+        "targets": [{"refId": chr(ord("A") + i), "datasource": DS, "expr": e, "legendFormat": leg}
+                    for i, (e, leg) in enumerate(targets)],
+    }
+
+
+def build() -> dict:
+    panels: list[dict] = []
+    pid, y = 1, 0
+    for row_title, row_panels in ROWS:
+        panels.append({"id": pid, "type": "row", "title": row_title, "collapsed": False,
+                       "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []})
+        pid, y = pid + 1, y + 1
+        for i, (title, unit, targets, desc) in enumerate(row_panels):
+            if i and i % 4 == 0:
+                y += 8
+            panels.append(panel(pid, title, unit, targets, desc, (i % 4) * 6, y))
+            pid += 1
+        y += 8
+    return {
+        "uid": "vlm-gateway", "title": "vlm-gateway", "tags": ["vlm-gateway", "vllm"],
+        "timezone": "browser", "schemaVersion": 39, "version": 1, "editable": True,
+        "refresh": "10s", "time": {"from": "now-1h", "to": "now"},
+        "annotations": {"list": []}, "templating": {"list": []}, "panels": panels,
+    }
+
+
+def queries(dashboard: dict) -> list[tuple[str, str]]:
+    """(panel title, expr) for every target of every panel."""
+    return [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+def render() -> str:
+    return json.dumps(build(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    text = render()
+    if "--check" in sys.argv:
+        sys.exit(0 if OUT.exists() and OUT.read_text() == text else 1)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(text)
+    print(f"wrote {OUT} ({len(queries(build()))} queries)")
