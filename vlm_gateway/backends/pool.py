@@ -4,7 +4,18 @@ request goes to (filter -> policy rank -> first with a free slot).
 Health: an active probe of each backend's ``/health`` every
 ``routing.health_interval_s`` (which also refreshes served models when they are
 not configured), and passive ejection after ``eject_after_failures`` consecutive
-failures with exponential back-off (a simple circuit breaker).
+failures with exponential back-off (a circuit breaker: closed -> open for
+``eject_base_s * 2^k`` capped at ``eject_max_s`` -> half_open, where one
+success closes it and one failure opens it again for twice as long).
+
+Load: each engine's /metrics is scraped every ``routing.scrape_interval_s``
+(``scrape.py``) into ``Backend.engine_load``; ``router.least_loaded.load`` turns it
+into the normalised load the policies rank by.
+
+Admission: the profile filter (``admission.ProfileFilter``) drops backends that
+cannot take the request; a backend whose in-flight count reached its profile's
+``max_num_seqs`` is full; when every candidate is full the request waits in
+``admission.Slots`` (bounded, with timeout -> 429 + Retry-After).
 """
 
 from __future__ import annotations
@@ -19,16 +30,19 @@ import orjson
 
 from .. import metrics
 from ..config import GatewayConfig
-from ..proxy.errors import NotFound, Unavailable
+from ..proxy.errors import GatewayError, NotFound, Unavailable
+from . import scrape
+from .admission import ProfileFilter, Slots
 from .backend import Backend
 from .router import get_policy
+from .router.least_loaded import load
 
 if TYPE_CHECKING:
     from ..proxy.request import ChatRequest
 
 log = logging.getLogger("vlm_gateway.pool")
 
-STATES = ("closed", "open", "down")
+STATES = ("closed", "open", "half_open", "down")
 
 
 class Pool:
@@ -37,8 +51,14 @@ class Pool:
         self.backends = backends
         self.policy = get_policy(cfg.routing.policy, cfg.routing)
         # Extra filters (profile admission, ...) added by routing modules: (req, backend) -> reason|None
-        self.filters: list = []
+        self.filters: list = [ProfileFilter(cfg)]
+        r = cfg.routing
+        self.slots = Slots(r.queue_timeout_s, r.max_queue)
         self._tasks: list[asyncio.Task] = []
+        for bc, b in zip(cfg.backends, backends):
+            if bc.profile and not b.profile:
+                log.error("backend %s names GPU profile %r, which is not defined (backends/profiles.yaml or "
+                          "config `profiles`): it is routed without profile limits", b.name, bc.profile)
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -46,6 +66,8 @@ class Pool:
             await b.start(self.cfg.upstream)
         await asyncio.gather(*(self.probe(b) for b in self.backends))
         self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
+        if any(b.metrics_url for b in self.backends):
+            self._tasks.append(asyncio.create_task(self._scrape_loop(), name="scrape"))
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -62,6 +84,26 @@ class Pool:
         while True:
             await asyncio.sleep(self.cfg.routing.health_interval_s)
             await asyncio.gather(*(self.probe(b) for b in self.backends), return_exceptions=True)
+
+    async def _scrape_loop(self) -> None:
+        interval = max(0.05, self.cfg.routing.scrape_interval_s)
+        while True:
+            t0 = time.monotonic()
+            await asyncio.gather(*(self.scrape(b) for b in self.backends if b.metrics_url),
+                                 return_exceptions=True)
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
+
+    async def scrape(self, b: Backend) -> None:
+        figures = await scrape.scrape(b, timeout_s=max(0.2, 2 * self.cfg.routing.scrape_interval_s))
+        if figures is not None:
+            # the gateway's in-flight count now: requests sent/finished after this shift the figure
+            figures["inflight_at_scrape"] = float(b.inflight)
+            b.engine_load = figures
+            b.scraped_at = time.monotonic()
+            for k in ("running", "waiting", "kv_usage"):
+                if k in figures:
+                    metrics.ENGINE_METRIC.labels(b.name, k).set(figures[k])
+        metrics.BACKEND_LOAD.labels(b.name).set(load(b))
 
     async def probe(self, b: Backend) -> None:
         timeout = aiohttp.ClientTimeout(total=max(1.0, self.cfg.routing.health_interval_s))
@@ -83,10 +125,14 @@ class Pool:
             # the probe succeeded: let the next request through (half-open)
             b.ejected_until = min(b.ejected_until, time.monotonic())
         self._export(b)
+        if ok:
+            self.slots.wake()
 
     def _export(self, b: Backend) -> None:
         metrics.BACKEND_HEALTHY.labels(b.name).set(1 if b.available else 0)
-        state = "down" if not b.healthy else "open" if time.monotonic() < b.ejected_until else "closed"
+        r = self.cfg.routing
+        state = ("down" if not b.healthy else "open" if time.monotonic() < b.ejected_until
+                 else "half_open" if b.consecutive_failures >= r.eject_after_failures else "closed")
         for s in STATES:
             metrics.BACKEND_STATE.labels(b.name, s).set(1 if s == state else 0)
 
@@ -145,14 +191,37 @@ class Pool:
             usable = kept
         return usable
 
+    @staticmethod
+    def full(b: Backend) -> bool:
+        cap = b.capacity
+        return bool(cap) and b.inflight >= cap
+
+    def _take(self, req: "ChatRequest", exclude) -> Backend | None:
+        """Best-ranked candidate with a free slot, slot taken; None when all are full."""
+        for b in self.policy.rank(req, self.candidates(req, exclude)):
+            if not self.full(b):
+                b.inflight += 1
+                metrics.BACKEND_INFLIGHT.labels(b.name).inc()
+                return b
+        return None
+
     async def acquire(self, req: "ChatRequest", exclude: set[Backend] = frozenset()) -> Backend:
-        """Pick the best candidate and take a slot on it."""
-        ranked = self.policy.rank(req, self.candidates(req, exclude))
-        b = ranked[0]
-        b.inflight += 1
-        metrics.BACKEND_INFLIGHT.labels(b.name).inc()
-        return b
+        """Pick the best candidate and take a slot on it, waiting in the admission queue
+        (then 429) when every candidate is at its profile's concurrency."""
+        b = self._take(req, exclude)
+        if b is not None:
+            return b
+        name = self.policy.name
+        metrics.ROUTING.labels(name, "queued").inc()
+        try:
+            return await self.slots.wait(lambda: self._take(req, exclude),
+                                         time.monotonic() + self.cfg.routing.queue_timeout_s)
+        except GatewayError as e:
+            if e.status == 429:
+                metrics.ROUTING.labels(name, "rejected").inc()
+            raise
 
     def release(self, b: Backend) -> None:
         b.inflight -= 1
         metrics.BACKEND_INFLIGHT.labels(b.name).dec()
+        self.slots.wake()

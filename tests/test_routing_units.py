@@ -1,0 +1,245 @@
+"""Routing pieces on their own: profiles, launch command lines, metric scraping,
+prefix keys, the profile filter, the load formula and the policies' choices."""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+import pytest
+
+from vlm_gateway.backends.admission import ProfileFilter
+from vlm_gateway.backends.backend import Backend
+from vlm_gateway.backends.launch import command_for, trtllm_options
+from vlm_gateway.backends.profiles import get_profile, load_profiles
+from vlm_gateway.backends.router import get_policy, policy_names
+from vlm_gateway.backends.router.affinity import PrefixMap, prefix_keys
+from vlm_gateway.backends.router.least_loaded import load
+from vlm_gateway.backends.scrape import extract, parse
+from vlm_gateway.config import ConfigError, GatewayConfig, RoutingConfig
+from vlm_gateway.proxy.request import parse_chat
+
+import orjson
+
+MODEL = "Qwen/Qwen3-VL-2B-Instruct"
+
+
+# -- profiles ------------------------------------------------------------------------------
+def test_shipped_profiles_cover_the_hardware_table():
+    p = load_profiles()
+    for name in ("h200", "h100", "a100-80g", "l4", "rtx4090d", "rtx3090", "a10g", "rtx4060ti"):
+        assert name in p, name
+    assert p["rtx4090d"]["engine"] == "trtllm" and p["rtx4090d"]["dtype"] == "float16"
+    assert p["rtx4090d"]["max_num_seqs"] == 4 and p["rtx4090d"]["image_max_long_side"] == 768
+    assert p["rtx3090"]["engine"] == "vllm" and p["rtx3090"]["enable_prefix_caching"] and p["rtx3090"]["max_num_seqs"] == 2
+    assert p["a10g"]["max_num_seqs"] == 3
+    t = p["rtx4060ti"]
+    assert (t["quantization"], t["max_num_seqs"], t["max_images_per_prompt"]) == ("awq", 1, 1)
+    assert t["cpu_offload_gb"] > 0 and t["image_max_long_side"] < 768
+    assert p["h200"]["max_num_seqs"] >= 64
+    for prof in p.values():  # the image stage reads this key for every backend
+        assert prof["image_max_long_side"] > 0
+
+
+def test_config_profiles_extend_and_override():
+    p = load_profiles({"lab": {"base": "l4", "max_num_seqs": 5}, "h200": {"max_num_seqs": 300}})
+    assert p["lab"]["max_num_seqs"] == 5 and p["lab"]["max_model_len"] == p["l4"]["max_model_len"]
+    assert p["h200"]["max_num_seqs"] == 300 and p["h200"]["max_model_len"] == 32768
+    with pytest.raises(ConfigError, match=r"profiles.bad.max_num_seqs"):
+        load_profiles({"bad": {"max_num_seqs": "many"}})
+    with pytest.raises(ConfigError, match=r"profiles.bad.colour: unknown key"):
+        load_profiles({"bad": {"colour": "red"}})
+    with pytest.raises(ConfigError, match="unknown profile"):
+        load_profiles({"bad": {"base": "nope"}})
+    with pytest.raises(KeyError):
+        get_profile("nope")
+
+
+# -- launch --------------------------------------------------------------------------------
+def test_vllm_launch_line_rtx4060ti():
+    argv, opts = command_for(get_profile("rtx4060ti"), MODEL, "0.0.0.0", 8001)
+    assert opts == ""
+    assert shlex.join(argv) == (
+        "vllm serve Qwen/Qwen3-VL-2B-Instruct --host 0.0.0.0 --port 8001 --max-model-len 4096 "
+        "--max-num-seqs 1 --max-num-batched-tokens 2048 --gpu-memory-utilization 0.92 --dtype float16 "
+        "--limit-mm-per-prompt '{\"image\":1,\"video\":0}' "
+        "--mm-processor-kwargs '{\"size\":{\"longest_edge\":262144,\"shortest_edge\":65536}}' "
+        "--enable-prefix-caching --quantization awq --cpu-offload-gb 4")
+
+
+def test_vllm_launch_line_h200_and_qwen25_pixels():
+    argv, _ = command_for(get_profile("h200"), MODEL, "127.0.0.1", 8000, served_name="qwen3vl")
+    line = shlex.join(argv)
+    assert line.startswith("vllm serve Qwen/Qwen3-VL-2B-Instruct --host 127.0.0.1 --port 8000 "
+                           "--served-model-name qwen3vl --max-model-len 32768 --max-num-seqs 256 ")
+    assert "--limit-mm-per-prompt '{\"image\":8,\"video\":0}'" in line and "--enable-prefix-caching" in line
+    assert "--quantization" not in line and "--cpu-offload-gb" not in line
+    argv, _ = command_for(get_profile("rtx3090"), "Qwen/Qwen2.5-VL-3B-Instruct", "0.0.0.0", 8000)
+    assert "--mm-processor-kwargs '{\"min_pixels\":3136,\"max_pixels\":589824}'" in shlex.join(argv)
+
+
+def test_trtllm_launch_line_rtx4090d():
+    argv, opts = command_for(get_profile("rtx4090d"), MODEL, "0.0.0.0", 8002, options_path="/tmp/x.yaml")
+    assert shlex.join(argv) == (
+        "trtllm-serve Qwen/Qwen3-VL-2B-Instruct --host 0.0.0.0 --port 8002 --backend pytorch "
+        "--max_batch_size 4 --max_num_tokens 8192 --max_seq_len 8192 "
+        "--kv_cache_free_gpu_memory_fraction 0.85 --trust_remote_code --extra_llm_api_options /tmp/x.yaml")
+    assert trtllm_options(get_profile("rtx4090d")) == {"kv_cache_config": {"enable_block_reuse": True},
+                                                       "dtype": "float16"}
+    assert "enable_block_reuse: true" in opts
+
+
+def test_launch_cli_dry_run(capsys):
+    from vlm_gateway.cli import main
+    assert main(["launch", "--profile", "a10g", "--model", MODEL, "--port", "9000", "--dry-run"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("vllm serve Qwen/Qwen3-VL-2B-Instruct --host 0.0.0.0 --port 9000 ")
+    assert "--max-num-seqs 3 " in out
+    assert main(["launch", "--profile", "nope", "--model", MODEL, "--dry-run"]) == 2
+
+
+# -- scraping ------------------------------------------------------------------------------
+def test_scrape_parses_known_names_of_both_engines():
+    vllm = ('# HELP vllm:num_requests_running x\n'
+            'vllm:num_requests_running{model_name="m",engine="0"} 3.0\n'
+            'vllm:num_requests_running{model_name="m",engine="1"} 2.0\n'
+            'vllm:num_requests_waiting{model_name="m"} 4\n'
+            'vllm:kv_cache_usage_perc{model_name="m"} 0.25\n'
+            'vllm:prefix_cache_hits_total{model_name="m"} 100\n'
+            'vllm:prefix_cache_queries_total{model_name="m"} 400\n')
+    assert extract(parse(vllm)) == {"running": 5.0, "waiting": 4.0, "kv_usage": 0.25,
+                                    "prefix_hits": 100.0, "prefix_queries": 400.0}
+    trt = ("trtllm_num_requests_running 2 1700000000000\ntrtllm_num_requests_waiting 1\n"
+           "trtllm_kv_cache_utilization 55.0\n")
+    assert extract(parse(trt)) == {"running": 2.0, "waiting": 1.0, "kv_usage": 0.55}
+    # an older vLLM name for the same quantity
+    assert extract(parse('vllm:gpu_cache_usage_perc{a="b c"} 0.5\n')) == {"kv_usage": 0.5}
+    assert extract(parse("garbage line\nother_metric 1\n")) == {}
+
+
+# -- load ------------------------------------------------------------------------------------
+def _backend(name: str, profile: str | None = "h200", **kw) -> Backend:
+    b = Backend(name=name, base_url=f"http://{name}/v1", models={"m"},
+                profile=get_profile(profile) if profile else {})
+    for k, v in kw.items():
+        setattr(b, k, v)
+    return b
+
+
+def test_load_combines_engine_figures_and_fresh_inflight():
+    b = _backend("a", "rtx3090")  # capacity 2
+    assert load(b) == 0.0
+    b.inflight = 1
+    assert load(b) == 0.5
+    # the engine (shared with other gateways) reports 3 running + 1 waiting when we had 1 in flight
+    b.engine_load = {"running": 3, "waiting": 1, "kv_usage": 0.1, "inflight_at_scrape": 1}
+    b.scraped_at = time.monotonic()
+    assert load(b) == 2.0
+    b.inflight = 0  # ours finished since the scrape
+    assert load(b) == 1.5
+    b.engine_load["kv_usage"] = 1.7 / 1  # kv pressure dominates when higher
+    assert load(b) == 1.7
+    b.scraped_at = time.monotonic() - 10  # stale scrape: in-flight only
+    assert load(b) == 0.0
+
+
+# -- prefix keys and policies ----------------------------------------------------------------
+def _req(messages, model="m", **body):
+    raw = orjson.dumps({"model": model, "messages": messages, **body})
+    return parse_chat(raw, {})
+
+
+def _img(url="data:image/png;base64,AAAA"):
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def test_prefix_keys_chain_across_turns_and_see_images():
+    t1 = [{"role": "system", "content": "be brief"},
+          {"role": "user", "content": [_img(), {"type": "text", "text": "what is this?"}]}]
+    t2 = t1 + [{"role": "assistant", "content": "a cat"}, {"role": "user", "content": "and its colour?"}]
+    k1, _ = prefix_keys(_req(t1))
+    k2, total2 = prefix_keys(_req(t2))
+    assert [k for k, _ in k2[:len(k1)]] == [k for k, _ in k1]
+    assert len(k2) == len(k1) + 2 and total2 == k2[-1][1]
+    other_image = [t1[0], {"role": "user", "content": [_img("data:image/png;base64,BBBB"),
+                                                       {"type": "text", "text": "what is this?"}]}]
+    ko, _ = prefix_keys(_req(other_image))
+    assert ko[0][0] == k1[0][0] and ko[-1][0] != k1[-1][0]
+    # the image stage's content hash wins over the URL
+    r = _req(t1)
+    r.images[0].content_hash = "abc"
+    assert prefix_keys(r)[0][-1][0] != k1[-1][0]
+    # text-only keys cannot tell the two images apart
+    assert prefix_keys(_req(other_image), include_images=False)[0][-1][0] == \
+        prefix_keys(_req(t1), include_images=False)[0][-1][0]
+    # and different models never share keys
+    assert prefix_keys(_req(t1, model="n"))[0][0][0] != k1[0][0]
+
+
+def test_prefix_map_is_bounded_and_expires():
+    m = PrefixMap(ttl_s=10, max_entries=3)
+    m.put_many([b"a", b"b", b"c", b"d"], "x", now=0)
+    assert len(m) == 3 and m.get(b"a", 1) is None and m.get(b"d", 1) == "x"
+    assert m.get(b"d", 11) is None
+
+
+def test_affinity_follows_prefix_unless_overloaded_or_weak():
+    cfg = RoutingConfig(affinity_max_load=0.9, affinity_min_match=0.5)
+    pol = get_policy("affinity", cfg)
+    a, b, c = (_backend(n) for n in "abc")
+    t1 = [{"role": "user", "content": [_img(), {"type": "text", "text": "describe"}]}]
+    first = pol.rank(_req(t1), [a, b, c])[0]
+    pol.served(_req(t1), first)
+    t2 = t1 + [{"role": "assistant", "content": "x" * 40}, {"role": "user", "content": "more"}]
+    for _ in range(5):  # sticks whatever the rotation
+        assert pol.rank(_req(t2), [a, b, c])[0] is first
+    first.inflight = int(0.95 * first.capacity)  # overloaded: least load wins
+    assert pol.rank(_req(t2), [a, b, c])[0] is not first
+    first.inflight = 0
+    # a new chat sharing only a short system prompt is not pinned (weak match): it spreads
+    sys = {"role": "system", "content": "you are helpful"}
+    pol.served(_req([sys, {"role": "user", "content": [_img("data:image/png;base64,Z1"), {"type": "text", "text": "q"}]}]), a)
+    picks = {pol.rank(_req([sys, {"role": "user", "content": [_img(f"data:image/png;base64,N{i}"),
+                                                               {"type": "text", "text": "q"}]}]), [a, b, c])[0].name
+             for i in range(6)}
+    assert picks == {"a", "b", "c"}
+    # the remembered backend is gone from the candidates: fall back to the others
+    assert pol.rank(_req(t2), [x for x in (a, b, c) if x is not first])[0] is not first
+
+
+def test_policy_registry_and_default():
+    assert {"round_robin", "least_loaded", "affinity", "text_prefix"} <= set(policy_names())
+    assert GatewayConfig().routing.policy == "affinity"
+
+
+def test_least_loaded_prefers_idle_and_rotates_ties():
+    pol = get_policy("least_loaded", RoutingConfig())
+    a, b, c = (_backend(n) for n in "abc")
+    a.inflight, b.inflight = 5, 1
+    assert [x.name for x in pol.rank(None, [a, b, c])] == ["c", "b", "a"]
+    c.inflight = 1
+    firsts = {pol.rank(None, [a, b, c])[0].name for _ in range(4)}
+    assert firsts == {"b", "c"}
+
+
+# -- profile filter --------------------------------------------------------------------------
+def test_profile_filter_images_pixels_and_context():
+    f = ProfileFilter(GatewayConfig())
+    small, big = _backend("small", "rtx4060ti"), _backend("big", "h200")
+    three = _req([{"role": "user", "content": [_img(), _img(), _img(), {"type": "text", "text": "compare"}]}])
+    assert "3 images exceed the 1-image limit" in f(three, small)
+    assert f(three, big) is None
+    # a 12 MP photo: rewritten to 512 px for the small card, admitted by both
+    one = _req([{"role": "user", "content": [_img(), {"type": "text", "text": "what"}]}], max_tokens=100)
+    one.images[0].width, one.images[0].height = 4000, 3000
+    assert f(one, small) is None and f(one, big) is None
+    # context: prompt + max_tokens beyond the 4096 of the small card
+    long = _req([{"role": "user", "content": "x" * 12000}], max_tokens=2000)
+    assert "exceed the 4096-token context" in f(long, small)
+    assert f(long, big) is None
+    # without rewriting, a big image is refused by the small card's budget
+    cfg = GatewayConfig()
+    cfg.images.enabled = False
+    assert "above the 512 px long side" in ProfileFilter(cfg)(one, small)
+    # a backend without a profile admits everything
+    assert f(three, _backend("plain", None)) is None

@@ -1,0 +1,175 @@
+"""Admission: may this backend take this request, and is there a slot for it now?
+
+``ProfileFilter`` is a pool filter ((req, backend) -> reason or None) that applies
+the backend's GPU profile:
+
+- number of images <= ``max_images_per_prompt``;
+- every image, at the size the image stage will rewrite it to for this backend
+  (long side min(images budget, profile ``image_max_long_side``), snapped to the
+  token grid by ``vision_tokens.target_size``), within ``image_max_pixels``;
+  sizes come from the image headers the image stage read before routing, and an
+  image of unknown size (no image stage) is not checked;
+- estimated prompt tokens (text ~4 bytes a token + visual tokens after rewrite)
+  + ``max_tokens`` <= ``max_model_len``.
+
+``Slots`` is the bounded admission queue: a request whose candidates are all at
+their profile's ``max_num_seqs`` waits (FIFO wake-up) up to
+``routing.queue_timeout_s``, then gets 429 with Retry-After; more than
+``routing.max_queue`` waiting requests are refused at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import time
+from typing import TYPE_CHECKING
+
+from .. import metrics
+from ..proxy.errors import RateLimited
+from ..vision_tokens import MARKER_TOKENS, estimate_text_tokens, target_size, visual_tokens
+
+if TYPE_CHECKING:
+    from ..config import GatewayConfig
+    from ..proxy.request import ChatRequest
+    from .backend import Backend
+
+
+def text_tokens(req: "ChatRequest") -> int:
+    """Estimated text tokens of the prompt (chat template markers included); cached."""
+    cached = req.state.get("est_text_tokens")
+    if cached is not None:
+        return cached
+    n = 0
+    if req.route == "chat":
+        for msg in req.body.get("messages") or ():
+            if not isinstance(msg, dict):
+                continue
+            n += 4
+            c = msg.get("content")
+            if isinstance(c, str):
+                n += estimate_text_tokens(c)
+            elif isinstance(c, list):
+                for p in c:
+                    if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str):
+                        n += estimate_text_tokens(p["text"])
+    else:
+        p = req.body.get("prompt")
+        n = estimate_text_tokens(p) if isinstance(p, str) else sum(
+            estimate_text_tokens(x) for x in p if isinstance(x, str)) if isinstance(p, list) else 0
+    req.state["est_text_tokens"] = n
+    return n
+
+
+def completion_budget(req: "ChatRequest") -> int:
+    v = req.body.get("max_completion_tokens") or req.body.get("max_tokens")
+    return v if isinstance(v, int) and v > 0 else 0
+
+
+class ProfileFilter:
+    def __init__(self, cfg: "GatewayConfig") -> None:
+        self.images = cfg.images
+
+    def _budget(self, model: str) -> tuple[int, int, int, int]:
+        """(max_long_side, grid factor, min_pixels, max_pixels) of the image stage for ``model``."""
+        im = self.images
+        o = im.models.get(model, {}) if isinstance(im.models, dict) else {}
+        return (int(o.get("max_long_side", im.max_long_side)), int(o.get("grid_factor", im.grid_factor)),
+                int(o.get("min_pixels", im.min_pixels)), int(o.get("max_pixels", im.max_pixels)))
+
+    def __call__(self, req: "ChatRequest", b: "Backend") -> str | None:
+        p = b.profile
+        if not p:
+            return None
+        max_images = int(p.get("max_images_per_prompt") or 0)
+        if max_images and len(req.images) > max_images:
+            return (f"{len(req.images)} images exceed the {max_images}-image limit of backend "
+                    f"{b.name} ({p.get('name', 'profile')})")
+        long_side, factor, min_px, max_px = self._budget(req.model)
+        prof_long = int(p.get("image_max_long_side") or 0)
+        prof_px = int(p.get("image_max_pixels") or 0)
+        rewrite = self.images.enabled
+        if prof_long:
+            long_side = min(long_side, prof_long) if rewrite else prof_long
+        vis = 0
+        for img in req.images:
+            if not img.width or not img.height:
+                continue  # size unknown without the image stage
+            if rewrite:
+                w, h = target_size(img.width, img.height, long_side, factor, min_px)
+            else:
+                w, h = img.width, img.height
+                if prof_long and max(w, h) > prof_long:
+                    return (f"image {img.param} is {w}x{h}, above the {prof_long} px long side of backend "
+                            f"{b.name}")
+            if prof_px and w * h > prof_px:
+                return f"image {img.param} at {w}x{h} exceeds the {prof_px}-pixel budget of backend {b.name}"
+            try:
+                vis += visual_tokens(w, h, factor, min_px, min(max_px, prof_px) if prof_px else max_px) \
+                    + MARKER_TOKENS
+            except ValueError as e:
+                return f"image {img.param}: {e}"
+        max_len = int(p.get("max_model_len") or 0)
+        if max_len:
+            need = text_tokens(req) + vis + completion_budget(req)
+            if need > max_len:
+                return (f"about {need} tokens (prompt + max_tokens) exceed the {max_len}-token context of "
+                        f"backend {b.name}")
+        return None
+
+
+class Slots:
+    """Waiters for a free backend slot, woken in arrival order on every release."""
+
+    def __init__(self, timeout_s: float, max_queue: int) -> None:
+        self.timeout = timeout_s
+        self.max_queue = max_queue
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    def retry_after(self) -> str:
+        return str(max(1, math.ceil(min(self.timeout, 5.0))))
+
+    def reject(self, why: str) -> RateLimited:
+        return RateLimited(f"Every backend that can serve this request is at capacity ({why}); retry shortly",
+                           code="backends_busy", headers={"retry-after": self.retry_after()},
+                           reason="queue_timeout" if why == "queue timeout" else "queue_full")
+
+    async def wait(self, try_take, deadline: float):
+        """Wait until ``try_take()`` returns a backend, or raise 429 at ``deadline``."""
+        if len(self._waiters) >= self.max_queue:
+            raise self.reject("queue full")
+        loop = asyncio.get_running_loop()
+        metrics.QUEUE_DEPTH.inc()
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self.reject("queue timeout")
+                fut = loop.create_future()
+                self._waiters.append(fut)
+                try:
+                    # re-check periodically too: health changes and scrapes also free capacity
+                    await asyncio.wait_for(asyncio.shield(fut), min(left, 0.25))
+                except asyncio.TimeoutError:
+                    pass
+                finally:
+                    if not fut.done():
+                        fut.cancel()
+                    try:
+                        self._waiters.remove(fut)
+                    except ValueError:
+                        pass
+                b = try_take()
+                if b is not None:
+                    return b
+        finally:
+            metrics.QUEUE_DEPTH.dec()
+
+    def wake(self) -> None:
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)

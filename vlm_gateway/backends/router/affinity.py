@@ -1,0 +1,211 @@
+"""affinity: send a request where its prefix (images included) already sits in a
+KV cache, unless that backend is too busy; otherwise least load.
+
+Prefix keys are chained hashes over the conversation, one key after every
+content part (and every plain-string message):
+
+    k_0 = H(model)
+    k_j = H(k_{j-1} || role || part_j)   part = text, or an image's content hash
+
+so the key after the last part of turn n is also a prefix key of turn n+1 (same
+leading messages + the assistant reply + the new user turn). ``tokens_j`` is the
+estimated prompt length up to k_j (text ~ 4 bytes a token, images by their
+visual tokens). A bounded LRU map with TTL remembers, per key, the backend that
+last served a request containing it (``served`` hook, called after a send).
+
+    match      = longest k_j in the map whose backend is a candidate
+    fraction   = tokens_j / tokens_total
+    follow it  if fraction >= min_match and load(b) <= max_load
+    otherwise  rank by least_loaded.load (ties rotate)
+
+Parameters (``routing.*``): ``affinity_max_load`` (0.9: past 90 % of the
+profile's slots the cache hit costs more than the queue), ``affinity_min_match``
+(0.5: a shared system prompt alone does not pin a new conversation),
+``affinity_ttl_s``, ``affinity_max_entries``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+import time
+from collections import OrderedDict
+
+import orjson
+
+from ... import metrics
+from ...vision_tokens import MARKER_TOKENS, estimate_text_tokens, visual_tokens
+from . import register
+from .least_loaded import load, rank_by_load
+
+# an image whose size is unknown (no image stage) counts as this many tokens
+UNKNOWN_IMAGE_TOKENS = 256
+# keys remembered per request (the longest ones: later turns extend them)
+MAX_KEYS_PER_REQUEST = 64
+
+
+def _image_tokens(img) -> int:
+    if img is None:
+        return UNKNOWN_IMAGE_TOKENS
+    if img.tokens_after:
+        return img.tokens_after
+    if img.width and img.height:
+        try:
+            return visual_tokens(img.width, img.height, markers=True)
+        except ValueError:
+            pass
+    return img.tokens_before or UNKNOWN_IMAGE_TOKENS
+
+
+def _image_identity(img, part: dict) -> bytes:
+    if img is not None and img.content_hash:
+        return img.content_hash.encode()
+    iu = part.get("image_url")
+    url = iu if isinstance(iu, str) else (iu or {}).get("url", "") if isinstance(iu, dict) else ""
+    return hashlib.blake2b(url.encode("utf-8", "replace"), digest_size=16).digest()
+
+
+def prefix_keys(req, include_images: bool = True) -> tuple[list[tuple[bytes, int]], int]:
+    """([(key, tokens up to it)], total tokens) of a request; cached on ``req.state``."""
+    slot = "affinity_keys" if include_images else "affinity_keys_text"
+    cached = req.state.get(slot)
+    if cached is not None:
+        return cached
+    h = hashlib.blake2b(digest_size=16)
+    h.update(req.model.encode())
+    keys: list[tuple[bytes, int]] = []
+    tokens = 0
+    if req.route != "chat":
+        prompt = req.body.get("prompt")
+        text = prompt if isinstance(prompt, str) else orjson.dumps(prompt)
+        h.update(text.encode() if isinstance(text, str) else text)
+        tokens = estimate_text_tokens(text)
+        keys.append((h.digest(), tokens))
+        result = (keys, tokens)
+        req.state[slot] = result
+        return result
+    images = {(i.message, i.index): i for i in req.images}
+    for mi, msg in enumerate(req.body.get("messages") or ()):
+        if not isinstance(msg, dict):
+            continue
+        h.update(b"\x00" + str(msg.get("role")).encode() + b"\x01")
+        tokens += 4  # chat-template markers around a message
+        extra = {k: v for k, v in msg.items() if k not in ("role", "content")}
+        if extra:
+            h.update(orjson.dumps(extra, option=orjson.OPT_SORT_KEYS))
+        content = msg.get("content")
+        if isinstance(content, str):
+            h.update(content.encode())
+            tokens += estimate_text_tokens(content)
+            keys.append((h.digest(), tokens))
+            continue
+        if not isinstance(content, list):
+            continue
+        for pi, part in enumerate(content):
+            if not isinstance(part, dict):
+                continue
+            ptype = part.get("type")
+            if ptype == "text":
+                text = part.get("text") or ""
+                h.update(b"\x02" + text.encode())
+                tokens += estimate_text_tokens(text)
+            elif ptype == "image_url":
+                if not include_images:
+                    continue  # as a text-only router does: the image is invisible
+                img = images.get((mi, pi))
+                h.update(b"\x03" + _image_identity(img, part))
+                tokens += _image_tokens(img)
+            else:
+                h.update(orjson.dumps(part, option=orjson.OPT_SORT_KEYS))
+                tokens += MARKER_TOKENS
+            keys.append((h.digest(), tokens))
+    result = (keys, max(tokens, 1))
+    req.state[slot] = result
+    return result
+
+
+class PrefixMap:
+    """Bounded LRU of prefix key -> (backend name, expiry)."""
+
+    def __init__(self, ttl_s: float, max_entries: int) -> None:
+        self.ttl = ttl_s
+        self.max = max(1, max_entries)
+        self._map: OrderedDict[bytes, tuple[str, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def get(self, key: bytes, now: float) -> str | None:
+        hit = self._map.get(key)
+        if hit is None:
+            return None
+        if hit[1] < now:
+            with self._lock:
+                self._map.pop(key, None)
+            return None
+        return hit[0]
+
+    def put_many(self, keys, name: str, now: float) -> None:
+        exp = now + self.ttl
+        with self._lock:
+            m = self._map
+            for k in keys:
+                m[k] = (name, exp)
+                m.move_to_end(k)
+            while len(m) > self.max:
+                m.popitem(last=False)
+
+
+class PrefixAffinity:
+    """Shared by ``affinity`` (images in the keys) and ``text_prefix`` (images ignored)."""
+
+    name = "affinity"
+    include_images = True
+
+    def __init__(self, cfg=None) -> None:
+        self.max_load = getattr(cfg, "affinity_max_load", 0.9)
+        self.min_match = getattr(cfg, "affinity_min_match", 0.5)
+        self.map = PrefixMap(getattr(cfg, "affinity_ttl_s", 600.0), getattr(cfg, "affinity_max_entries", 100_000))
+        self._counter = itertools.count()
+
+    def match(self, req, candidates) -> tuple[object | None, float]:
+        """(backend holding the longest known prefix, fraction of the prompt it covers)."""
+        keys, total = prefix_keys(req, self.include_images)
+        by_name = {b.name: b for b in candidates}
+        now = time.monotonic()
+        for key, tokens in reversed(keys):
+            name = self.map.get(key, now)
+            if name is not None:
+                b = by_name.get(name)
+                if b is not None:
+                    return b, tokens / total
+        return None, 0.0
+
+    def rank(self, req, candidates):
+        ranked = rank_by_load(candidates, next(self._counter))
+        if len(candidates) <= 1:
+            return ranked
+        b, fraction = self.match(req, candidates)
+        if b is None:
+            outcome = "load"
+        elif fraction < self.min_match:
+            outcome = "affinity_weak"
+        elif load(b) > self.max_load:
+            outcome = "affinity_overloaded"
+        else:
+            metrics.ROUTING.labels(self.name, "affinity").inc()
+            return [b] + [x for x in ranked if x is not b]
+        metrics.ROUTING.labels(self.name, outcome).inc()
+        return ranked
+
+    def served(self, req, backend) -> None:
+        keys, _ = prefix_keys(req, self.include_images)
+        self.map.put_many([k for k, _ in keys[-MAX_KEYS_PER_REQUEST:]], backend.name, time.monotonic())
+
+
+@register("affinity")
+class Affinity(PrefixAffinity):
+    name = "affinity"
+    include_images = True

@@ -1,0 +1,61 @@
+"""least_loaded: the candidate with the lowest normalised load first.
+
+    seqs(b) = max(inflight(b), running(b) + waiting(b) + inflight(b) - inflight_at_scrape(b))
+    load(b) = max(seqs(b) / capacity(b), kv_usage(b))
+
+``running``/``waiting``/``kv_usage`` come from the engine's /metrics (scraped every
+``routing.scrape_interval_s``, used while younger than ``STALE_S``); the gateway's
+own in-flight count keeps the figure fresh between scrapes (requests sent or
+finished since the scrape shift it), and other gateway replicas' traffic shows
+up through the engine's counts. ``capacity`` is the profile's ``max_num_seqs``
+(``DEFAULT_CAPACITY`` without a profile). Ties rotate, so equal backends share
+the traffic. No parameters.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+from . import register
+
+DEFAULT_CAPACITY = 64
+# scraped figures older than this are ignored (engine unreachable for metrics)
+STALE_S = 2.0
+
+
+def load(b) -> float:
+    """Normalised load of backend ``b`` (0 = idle, 1 = every profile slot busy)."""
+    cap = b.capacity or DEFAULT_CAPACITY
+    seqs = float(b.inflight)
+    kv = 0.0
+    el = b.engine_load
+    if el and time.monotonic() - b.scraped_at <= STALE_S:
+        engine = el.get("running", 0.0) + el.get("waiting", 0.0)
+        seqs = max(seqs, engine + b.inflight - el.get("inflight_at_scrape", 0.0))
+        kv = el.get("kv_usage", 0.0)
+    return max(seqs / cap, kv)
+
+
+def rank_by_load(candidates: list, start: int = 0) -> list:
+    """Candidates by ascending load; equal loads keep the rotated order from ``start``."""
+    n = len(candidates)
+    if n <= 1:
+        return list(candidates)
+    i = start % n
+    rotated = candidates[i:] + candidates[:i]
+    return sorted(rotated, key=load)
+
+
+@register("least_loaded")
+class LeastLoaded:
+    name = "least_loaded"
+
+    def __init__(self, cfg=None) -> None:
+        self._counter = itertools.count()
+
+    def rank(self, req, candidates):
+        return rank_by_load(candidates, next(self._counter))
+
+    def served(self, req, backend) -> None:
+        pass
