@@ -1,0 +1,292 @@
+"""Load generator for the real-engine runs (vLLM on a GPU): raw vs rewritten images,
+token accounting, and affinity across engines. Writes JSON results and prints tables.
+
+  python3 benchmarks/gpu/loadgen.py images   --out results.json   # (a) direct raw, (b) direct
+                                                                    # pre-rewritten, (c) raw via gateway
+  python3 benchmarks/gpu/loadgen.py tokens   --out tokens.json    # x-vlm-gateway-visual-tokens vs usage
+  python3 benchmarks/gpu/loadgen.py affinity --policy affinity --out aff.json
+
+Every request streams, asks for 64 output tokens with ignore_eos, and carries a distinct
+synthetic image (screenshots for 1920x1080, photos for 4032x3024) unless stated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import aiohttp
+from PIL import Image, ImageDraw
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from vlm_gateway.vision_tokens import target_size, visual_tokens  # noqa: E402
+
+DIRECT = "http://127.0.0.1:8000/v1"
+GATEWAY = "http://127.0.0.1:8080/v1"
+MODEL = "qwen3vl"
+
+
+# -- synthetic images -----------------------------------------------------------------------
+
+def screenshot(seed: int, w: int = 1920, h: int = 1080) -> Image.Image:
+    rnd = random.Random(seed)
+    im = Image.new("RGB", (w, h), (255, 255, 255))
+    d = ImageDraw.Draw(im)
+    d.rectangle([0, 0, w, 60], fill=(rnd.randrange(256), rnd.randrange(256), rnd.randrange(256)))
+    for _ in range(40):
+        x, y = rnd.randrange(w - 300), rnd.randrange(80, h - 40)
+        d.rectangle([x, y, x + rnd.randrange(60, 300), y + rnd.randrange(10, 40)],
+                    fill=(rnd.randrange(256), rnd.randrange(256), rnd.randrange(256)))
+    for row in range(100, h - 20, 24):
+        d.text((40 + rnd.randrange(20), row), "invoice line %d total %d.%02d" % (row, rnd.randrange(999),
+                                                                                 rnd.randrange(99)), fill=(0, 0, 0))
+    return im
+
+
+def photo(seed: int, w: int = 4032, h: int = 3024) -> Image.Image:
+    rnd = random.Random(seed)
+    small = Image.effect_noise((w // 16, h // 16), 60 + rnd.randrange(40)).convert("RGB")
+    tint = Image.new("RGB", small.size, (rnd.randrange(256), rnd.randrange(256), rnd.randrange(256)))
+    return Image.blend(small, tint, 0.5).resize((w, h), Image.BICUBIC)
+
+
+def jpeg(im: Image.Image, q: int = 90) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=q)
+    return buf.getvalue()
+
+
+def make_pair(args: tuple[str, int]) -> tuple[bytes, bytes]:
+    """(raw JPEG, client-side pre-rewritten JPEG at the gateway's target size)."""
+    kind, seed = args
+    im = screenshot(seed) if kind == "1080p" else photo(seed)
+    tw, th = target_size(im.width, im.height, 768)
+    return jpeg(im), jpeg(im.resize((tw, th), Image.LANCZOS))
+
+
+def uri(data: bytes) -> str:
+    return "data:image/jpeg;base64," + base64.b64encode(data).decode()
+
+
+def chat(image: bytes, text: str = "Describe this image.", max_tokens: int = 64) -> dict:
+    return {"model": MODEL, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": [{"type": "text", "text": text},
+                                                      {"type": "image_url", "image_url": {"url": uri(image)}}]}]}
+
+
+# -- one streamed request -----------------------------------------------------------------------
+
+async def stream_one(session: aiohttp.ClientSession, base: str, body: dict) -> dict:
+    t0 = time.perf_counter()
+    ttft = None
+    usage = None
+    text = []
+    async with session.post(base + "/chat/completions", json=body) as r:
+        headers = dict(r.headers)
+        if r.status != 200:
+            return {"ok": False, "status": r.status, "error": (await r.text())[:300]}
+        async for line in r.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            ev = json.loads(line[6:])
+            for c in ev.get("choices") or ():
+                if (c.get("delta") or {}).get("content"):
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+                    text.append(c["delta"]["content"])
+            if ev.get("usage"):
+                usage = ev["usage"]
+    return {"ok": ttft is not None, "ttft": ttft, "e2e": time.perf_counter() - t0, "usage": usage,
+            "text": "".join(text), "visual": headers.get("x-vlm-gateway-visual-tokens"),
+            "backend": headers.get("x-vlm-gateway-backend"), "cache": headers.get("x-vlm-gateway-cache")}
+
+
+async def run_cell(base: str, bodies: list[dict], conc: int) -> dict:
+    conn = aiohttp.TCPConnector(limit=conc + 8)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=900)) as s:
+        queue = list(bodies)
+        results = []
+
+        async def worker():
+            while queue:
+                results.append(await stream_one(s, base, queue.pop(0)))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(conc)))
+        wall = time.perf_counter() - t0
+    ok = [r for r in results if r["ok"]]
+    ttfts = sorted(r["ttft"] * 1000 for r in ok)
+    return {"n": len(results), "ok": len(ok), "wall_s": wall, "rps": len(ok) / wall,
+            "ttft_p50_ms": statistics.median(ttfts) if ttfts else None,
+            "ttft_p99_ms": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else None,
+            "ttft_mean_ms": statistics.fmean(ttfts) if ttfts else None,
+            "errors": [r.get("error") or r.get("status") for r in results if not r["ok"]][:3],
+            "prompt_tokens": ok[0]["usage"]["prompt_tokens"] if ok and ok[0]["usage"] else None}
+
+
+# -- workloads -------------------------------------------------------------------------------------
+
+def cmd_images(a) -> dict:
+    plan = [("1080p", 1, 16), ("1080p", 16, 64), ("1080p", 64, 128),
+            ("12mp", 1, 8), ("12mp", 16, 48), ("12mp", 64, 64)]
+    if a.quick:
+        plan = [(k, c, max(c, n // 4)) for k, c, n in plan]
+    need = {k: max(n for kk, c, n in plan if kk == k) for k, _, _ in plan}
+    t0 = time.time()
+    with ProcessPoolExecutor(os.cpu_count()) as ex:
+        images = {k: list(ex.map(make_pair, [(k, 1000 * (k == "12mp") + i) for i in range(n + 4)]))
+                  for k, n in need.items()}
+    print(f"generated images in {time.time() - t0:.1f}s", flush=True)
+    out = {"cells": []}
+    modes = {"a_direct_raw": (DIRECT, 0), "b_direct_prerewritten": (DIRECT, 1), "c_gateway_raw": (GATEWAY, 0)}
+    for kind, conc, n in plan:
+        for mode, (base, idx) in modes.items():
+            imgs = images[kind]
+            # warm-up with 2 images outside the measured set
+            asyncio.run(run_cell(base, [chat(imgs[-1][idx]), chat(imgs[-2][idx])], 2))
+            res = asyncio.run(run_cell(base, [chat(imgs[i][idx]) for i in range(n)], conc))
+            res.update(kind=kind, conc=conc, mode=mode)
+            out["cells"].append(res)
+            print(f"{kind:5s} conc {conc:3d} {mode:22s} TTFT p50 {res['ttft_p50_ms']:8.1f} ms  p99 "
+                  f"{res['ttft_p99_ms']:8.1f}  {res['rps']:6.2f} req/s  ok {res['ok']}/{res['n']}  "
+                  f"prompt_tokens {res['prompt_tokens']} {res['errors'] or ''}", flush=True)
+    return out
+
+
+def cmd_tokens(a) -> dict:
+    """Gateway's after-count + text tokens vs vLLM's usage.prompt_tokens, per image size."""
+    sizes = [(1920, 1080), (4032, 3024), (1280, 720), (768, 448), (500, 300), (3024, 4032), (1000, 1000)]
+
+    async def go():
+        rows = []
+        async with aiohttp.ClientSession() as s:
+            base_text = await stream_one(s, DIRECT, {"model": MODEL, "max_tokens": 1, "stream": True,
+                                                     "stream_options": {"include_usage": True},
+                                                     "messages": [{"role": "user", "content": "hi"}]})
+            text_tokens = base_text["usage"]["prompt_tokens"]
+            for w, h in sizes:
+                im = screenshot(w * h, w, h)
+                body = chat(jpeg(im), text="hi", max_tokens=1)
+                direct = await stream_one(s, DIRECT, body)
+                via = await stream_one(s, GATEWAY, body)
+                after = int(via["visual"].split("after=")[1].split(";")[0]) if via["visual"] else None
+                before = int(via["visual"].split("before=")[1].split(";")[0]) if via["visual"] else None
+                tw, th = target_size(w, h, 768)
+                rows.append({"size": f"{w}x{h}", "text_tokens": text_tokens,
+                             "direct_prompt_tokens": direct["usage"]["prompt_tokens"],
+                             "gateway_prompt_tokens": via["usage"]["prompt_tokens"],
+                             "header_before": before, "header_after": after,
+                             "expected_direct": text_tokens + visual_tokens(w, h) + 2,
+                             "expected_gateway": text_tokens + visual_tokens(tw, th) + 2,
+                             "rewritten_to": f"{tw}x{th}"})
+                r = rows[-1]
+                print(json.dumps(r), flush=True)
+        return {"rows": rows}
+
+    return asyncio.run(go())
+
+
+def cmd_affinity(a) -> dict:
+    """Multi-turn conversations, each about its own image, through the gateway."""
+    n_conv, conc, turns = a.conversations, a.concurrency, 3
+    with ProcessPoolExecutor(os.cpu_count()) as ex:
+        imgs = [raw for raw, _ in ex.map(make_pair, [("1080p", 5000 + a.seed * 1000 + i) for i in range(n_conv)])]
+    questions = ["Describe this image.", "What is the total on the last line?", "List every colour you see."]
+
+    async def conversation(s, i) -> list[dict]:
+        msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri(imgs[i])}},
+                                             {"type": "text", "text": questions[0]}]}]
+        out = []
+        for t in range(turns):
+            body = {"model": MODEL, "max_tokens": 64, "ignore_eos": True, "stream": True,
+                    "stream_options": {"include_usage": True}, "messages": msgs}
+            r = await stream_one(s, GATEWAY, body)
+            r["turn"] = t
+            out.append(r)
+            if not r["ok"]:
+                break
+            msgs = msgs + [{"role": "assistant", "content": r["text"]},
+                           {"role": "user", "content": questions[(t + 1) % len(questions)]}]
+        return out
+
+    async def go():
+        conn = aiohttp.TCPConnector(limit=conc + 8)
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=900)) as s:
+            todo = list(range(n_conv))
+            results = []
+
+            async def worker():
+                while todo:
+                    results.extend(await conversation(s, todo.pop(0)))
+
+            before = await engine_prefix(s)
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(conc)))
+            wall = time.perf_counter() - t0
+            after = await engine_prefix(s)
+        return results, wall, before, after
+
+    results, wall, before, after = asyncio.run(go())
+    ok = [r for r in results if r["ok"]]
+    ttfts = sorted(r["ttft"] * 1000 for r in ok)
+    later = [r for r in ok if r["turn"] > 0 and r["usage"]]
+    cached = sum((r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0 for r in later)
+    prompt = sum(r["usage"]["prompt_tokens"] for r in later)
+    hits = sum(after[k][0] - before[k][0] for k in after)
+    queries = sum(after[k][1] - before[k][1] for k in after)
+    res = {"policy": a.policy, "conversations": n_conv, "concurrency": conc, "requests": len(results),
+           "ok": len(ok), "wall_s": wall, "rps": len(ok) / wall,
+           "ttft_p50_ms": statistics.median(ttfts), "ttft_p99_ms": ttfts[int(0.99 * (len(ttfts) - 1))],
+           "ttft_mean_ms": statistics.fmean(ttfts),
+           "later_turns_cached_token_ratio": cached / prompt if prompt else None,
+           "engine_prefix_hit_rate": hits / queries if queries else None,
+           "per_backend": {b: sum(1 for r in ok if r["backend"] == b) for b in {r["backend"] for r in ok}}}
+    print(json.dumps(res), flush=True)
+    return res
+
+
+async def engine_prefix(s: aiohttp.ClientSession) -> dict[str, tuple[float, float]]:
+    """(prefix_cache_hits_total, prefix_cache_queries_total) per engine."""
+    out = {}
+    for port in (8000, 8001):
+        try:
+            async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
+                text = await r.text()
+        except aiohttp.ClientError:
+            continue
+        vals = {"hits": 0.0, "queries": 0.0}
+        for line in text.splitlines():
+            for k in vals:
+                if line.startswith(f"vllm:prefix_cache_{k}_total"):
+                    vals[k] += float(line.rsplit(" ", 1)[1])
+        out[str(port)] = (vals["hits"], vals["queries"])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cmd", choices=["images", "tokens", "affinity"])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--policy", default="affinity")
+    ap.add_argument("--conversations", type=int, default=96)
+    ap.add_argument("--concurrency", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    res = {"images": cmd_images, "tokens": cmd_tokens, "affinity": cmd_affinity}[a.cmd](a)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

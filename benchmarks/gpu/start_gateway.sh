@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On the GPU machine: (re)start vlm-gateway on :8080 in front of N engines on 8000.. with a
+# routing policy. Runs from the repository copy with the bundle's wheels on PYTHONPATH.
+# Usage: start_gateway.sh N POLICY [WORKERS]
+set -u
+N=$1; POLICY=$2; WORKERS=${3:-4}
+SITE=${SITE:-/root/vllm-site}
+here=$(cd "$(dirname "$0")/../.." && pwd)
+pkill -f "vlm_gateway serve" 2>/dev/null; sleep 1
+cfg=/root/gateway-$POLICY.yaml
+{
+  echo "server: {port: 8080, workers: $WORKERS}"
+  echo "routing: {policy: $POLICY}"
+  echo "backends:"
+  for i in $(seq 0 $((N - 1))); do
+    echo "  - {url: http://127.0.0.1:$((8000 + i))/v1, name: gpu$i, engine: vllm, profile: h200, models: [qwen3vl]}"
+  done
+} > "$cfg"
+PYTHONPATH=$SITE:$here setsid python3 -m vlm_gateway serve --config "$cfg" > /root/gateway.log 2>&1 &
+for _ in $(seq 1 60); do
+  curl -sf http://127.0.0.1:8080/ready >/dev/null && { echo "gateway up ($POLICY, $N backends)"; exit 0; }
+  sleep 0.5
+done
+echo "gateway did not start"; tail -30 /root/gateway.log; exit 1
