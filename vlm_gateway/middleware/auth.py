@@ -110,3 +110,10 @@ def make(gw: "Gateway"):
         return None
 
     return auth
+
+
+def visible_models(gw: "Gateway", headers, names: list[str]) -> list[str]:
+    """GET /v1/models with auth on: 401 without a valid key, else the key's allowed models."""
+    table = getattr(gw, "state_auth", None) or KeyTable(gw.cfg.auth.tenants)
+    t = authenticate(table, headers)
+    return [m for m in names if not t.models or m in t.models]

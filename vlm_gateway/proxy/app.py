@@ -17,7 +17,7 @@ from .. import metrics
 from ..config import GatewayConfig, config_from_json
 from .asgi import AccessLogMiddleware, RequestIdMiddleware
 from .endpoints import CompletionEndpoint
-from .errors import NotFound, error_bytes
+from .errors import GatewayError, NotFound, error_bytes
 from .gateway import Gateway
 from .request import parse_chat, parse_completion
 
@@ -36,7 +36,14 @@ def _gateway(scope) -> Gateway:
 
 async def models(request: Request) -> Response:
     gw = _gateway(request.scope)
-    data = [{"id": m, "object": "model", "created": 0, "owned_by": "vlm-gateway"} for m in gw.pool.models()]
+    names = gw.pool.models()
+    if gw.cfg.auth.tenants:  # with API keys, a key sees only the models it may use
+        from ..middleware.auth import visible_models
+        try:
+            names = visible_models(gw, request.headers, names)
+        except GatewayError as e:
+            return Response(e.json(), status_code=e.status, media_type="application/json")
+    data = [{"id": m, "object": "model", "created": 0, "owned_by": "vlm-gateway"} for m in names]
     return _json({"object": "list", "data": data})
 
 

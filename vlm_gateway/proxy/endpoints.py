@@ -5,6 +5,7 @@ disconnect (which cancels the upstream request, stream or not)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from typing import TYPE_CHECKING, Callable
@@ -53,6 +54,26 @@ async def read_body(scope, receive, limit: int) -> bytes:
 
 async def _until_disconnect(receive) -> None:
     while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _run_finish(req: "ChatRequest") -> None:
+    for cb in req.on_finish:
+        try:
+            r = cb(req)
+            if inspect.isawaitable(r):
+                await r
+        except Exception:
+            log.exception("on_finish hook failed (request %s)", req.request_id)
+
+
+async def _finish(req: "ChatRequest") -> None:
+    """Run ``req.on_finish`` hooks to completion even when this task is being cancelled
+    (a client abort must still release what the request holds)."""
+    task = asyncio.ensure_future(_run_finish(req))
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
         pass
 
 
@@ -122,6 +143,8 @@ class CompletionEndpoint:
         finally:
             if disconnect is not None:
                 disconnect.cancel()
+            if req is not None and req.on_finish:
+                await _finish(req)
             state["status"] = status
             metrics.REQUESTS.labels(self.route, model, str(status)).inc()
             if req is not None:

@@ -9,7 +9,7 @@ import importlib
 from ..config import GatewayConfig
 
 # module names under vlm_gateway.proxy, in the order their routes are matched
-MODULES = ("ui",)
+MODULES = ("ui", "admin", "openapi")
 
 
 def routes(cfg: GatewayConfig) -> list:
