@@ -103,6 +103,8 @@ class ImagesConfig:
     detail_high_long_side: int = 1280
     url_mode: Literal["fetch", "passthrough", "reject"] = "fetch"
     allow_private_networks: bool = False
+    # CIDRs exempt from the private-address guard (e.g. an internal image store).
+    allow_networks: list[str] = field(default_factory=list)
     allow_domains: list[str] = field(default_factory=list)
     deny_domains: list[str] = field(default_factory=list)
     fetch_timeout_s: float = 5.0
@@ -112,6 +114,12 @@ class ImagesConfig:
     trim_borders: bool = True
     trim_tolerance: int = 8
     jpeg_quality: int = 90
+    # Final filter (lanczos | bicubic | bilinear) after a cheap pre-reduction (JPEG DCT
+    # scaling, Image.reduce) that keeps at least prescale_gap x the target size.
+    resample: Literal["lanczos", "bicubic", "bilinear"] = "bicubic"
+    prescale_gap: float = 2.0
+    # Remember a fetched URL's content hash this long (a repeat skips the fetch on an L1 hit).
+    url_cache_ttl_s: float = 300.0
     # L1 rewritten-image cache.
     l1_max_bytes: int = 256 * 1024 * 1024
     l1_redis_ttl_s: int = 3600

@@ -1,0 +1,93 @@
+"""The rewrite policy for one image: budget, token grid and encoder settings,
+resolved from global config, per-model overrides, ``detail`` and the
+``x-vlm-gateway-image-policy`` header, then capped by the chosen backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from ...proxy.errors import BadRequest
+
+if TYPE_CHECKING:
+    from ...config import ImagesConfig
+
+POLICY_HEADER = "x-vlm-gateway-image-policy"
+_OVERRIDABLE = ("max_long_side", "grid_factor", "min_pixels", "max_pixels", "detail_low_long_side",
+                "detail_high_long_side", "trim_borders", "trim_tolerance", "jpeg_quality", "resample",
+                "prescale_gap")
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Everything that decides the output bytes; ``key`` goes into the L1 key."""
+
+    max_long_side: int = 768
+    grid_factor: int = 32
+    min_pixels: int = 65536
+    max_pixels: int = 16777216
+    trim_borders: bool = True
+    trim_tolerance: int = 8
+    jpeg_quality: int = 90
+    resample: str = "bicubic"
+    prescale_gap: float = 2.0
+    # "off": never rewrite (a backend cap still applies)
+    enabled: bool = True
+
+    @property
+    def key(self) -> str:
+        return (f"{self.max_long_side if self.enabled else 0}/{self.grid_factor}/{self.min_pixels}/"
+                f"{self.trim_borders:d}{self.trim_tolerance}/q{self.jpeg_quality}/{self.resample}/"
+                f"{self.prescale_gap:g}")
+
+    def capped(self, long_side: int | None) -> "Policy":
+        """This policy under a backend's hard limit on the long side."""
+        if not long_side or long_side <= 0:
+            return self
+        if not self.enabled:
+            return replace(self, enabled=True, max_long_side=int(long_side), trim_borders=False)
+        if long_side >= self.max_long_side:
+            return self
+        return replace(self, max_long_side=max(self.grid_factor, int(long_side)))
+
+
+def model_settings(cfg: "ImagesConfig", model: str) -> dict[str, Any]:
+    s = {k: getattr(cfg, k) for k in _OVERRIDABLE}
+    s.update({k: v for k, v in (cfg.models.get(model) or {}).items() if k in _OVERRIDABLE})
+    return s
+
+
+def parse_header(value: str | None) -> str | int:
+    """'off' | 'default' | a long side in pixels."""
+    if value is None:
+        return "default"
+    v = value.strip().lower()
+    if v in ("", "default", "on", "auto"):
+        return "default"
+    if v == "off":
+        return "off"
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n <= 0 or n > 16384:
+        raise BadRequest(f"{POLICY_HEADER} must be off, default or a long side in pixels (1-16384), got {value!r}",
+                         param=POLICY_HEADER, code="invalid_image_policy")
+    return n
+
+
+def resolve(cfg: "ImagesConfig", model: str, header: str | int, detail: str | None) -> Policy:
+    s = model_settings(cfg, model)
+    long_side = s["max_long_side"]
+    if detail == "low":
+        long_side = s["detail_low_long_side"]
+    elif detail == "high":
+        long_side = s["detail_high_long_side"]
+    if isinstance(header, int):
+        long_side = header
+    factor = int(s["grid_factor"])
+    return Policy(max_long_side=max(factor, int(long_side)), grid_factor=factor,
+                  min_pixels=int(s["min_pixels"]), max_pixels=int(s["max_pixels"]),
+                  trim_borders=bool(s["trim_borders"]), trim_tolerance=int(s["trim_tolerance"]),
+                  jpeg_quality=int(s["jpeg_quality"]), resample=str(s["resample"]),
+                  prescale_gap=float(s["prescale_gap"]), enabled=header != "off")

@@ -1,0 +1,80 @@
+"""The CPU pipeline for one image: header probe -> (pass through | decode with
+DCT scaling -> trim -> downscale -> encode). Synchronous and pure: the stage runs
+it in the bounded pool; the playground and the benchmark call it directly."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ...vision_tokens import target_size, visual_tokens
+from .decode import MIME, Header, decode, probe
+from .encode import data_uri, encode
+from .policy import Policy
+from .resize import downscale, prescale_size
+from .trim import content_box
+
+DEFAULT_MAX_SOURCE_PIXELS = 64_000_000
+
+
+@dataclass(slots=True)
+class Rewritten:
+    """Result for one image. ``url`` is None for a pass-through (send the original)."""
+
+    url: str | None
+    data: bytes  # bytes sent: the rewritten image, or the source on pass-through
+    mime: str
+    width: int
+    height: int
+    source_width: int
+    source_height: int
+    source_bytes: int
+    tokens_before: int
+    tokens_after: int
+    trimmed: bool = False
+    seconds: float = 0.0
+
+    @property
+    def passthrough(self) -> bool:
+        return self.url is None
+
+
+def tokens(width: int, height: int, policy: Policy) -> int:
+    return visual_tokens(width, height, policy.grid_factor, policy.min_pixels, policy.max_pixels)
+
+
+def needs_rewrite(header: Header, policy: Policy) -> bool:
+    return policy.enabled and max(header.width, header.height) > policy.max_long_side
+
+
+def rewrite(data: bytes, header: Header, policy: Policy) -> Rewritten:
+    """Rewrite ``data`` (already probed) for ``policy``; pass through when within budget."""
+    t0 = time.perf_counter()
+    before = tokens(header.width, header.height, policy)
+    if not needs_rewrite(header, policy):
+        return Rewritten(None, data, MIME[header.format], header.width, header.height, header.width,
+                         header.height, len(data), before, before)
+    f = policy.grid_factor
+    target = target_size(header.width, header.height, policy.max_long_side, f, policy.min_pixels)
+    im, scale = decode(data, header.format, prescale_size(target, policy.prescale_gap))
+    trimmed = False
+    if policy.trim_borders:
+        box = content_box(im, policy.trim_tolerance, min_side=max(2, int(f / scale)))
+        if box is not None:
+            im = im.crop(box)
+            trimmed = True
+    # target from the upright content size in source pixels
+    cw, ch = max(1, round(im.width * scale)), max(1, round(im.height * scale))
+    target = target_size(cw, ch, policy.max_long_side, f, policy.min_pixels)
+    im = downscale(im, target, policy.resample, policy.prescale_gap)
+    out, mime = encode(im, policy.jpeg_quality)
+    return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
+                     len(data), before, tokens(im.width, im.height, policy), trimmed, time.perf_counter() - t0)
+
+
+def rewrite_bytes(data: bytes, policy: Policy | None = None,
+                  max_source_pixels: int = DEFAULT_MAX_SOURCE_PIXELS) -> Rewritten:
+    """Probe and rewrite raw image bytes (CPU-bound: call it off the event loop).
+    Raises ``decode.ImageError`` (with ``.code``) for refused or broken images."""
+    policy = policy or Policy()
+    return rewrite(data, probe(data, max_source_pixels), policy)

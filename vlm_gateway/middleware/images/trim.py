@@ -1,0 +1,40 @@
+"""Trim solid uniform borders (letterbox bars, white screenshot margins).
+
+The border colour is taken from the four corners, which must agree within the
+tolerance; the crop is the bounding box of every pixel that differs from that
+colour by more than the tolerance in any channel, so content is never cut.
+"""
+
+from __future__ import annotations
+
+from PIL import Image, ImageChops
+
+
+def content_box(im: Image.Image, tolerance: int, min_side: int = 32) -> tuple[int, int, int, int] | None:
+    """Box (left, top, right, bottom) to keep, or None when there is nothing to trim."""
+    w, h = im.size
+    if w < 3 or h < 3:
+        return None
+    corners = [im.getpixel(p) for p in ((0, 0), (w - 1, 0), (0, h - 1), (w - 1, h - 1))]
+    bg = corners[0]
+    if any(max(abs(a - b) for a, b in zip(c, bg)) > tolerance for c in corners[1:]):
+        return None  # not a uniform border
+    diff = ImageChops.difference(im, Image.new(im.mode, im.size, bg))
+    if tolerance > 0:
+        diff = diff.point([0] * (tolerance + 1) + [255] * (255 - tolerance))
+    box = diff.getbbox()
+    if box is None or box == (0, 0, w, h):
+        return None  # blank image or no border
+    left, top, right, bottom = box
+    # a sliver of content (one dot on a page) is not worth an extreme aspect ratio
+    if right - left < min_side or bottom - top < min_side:
+        return None
+    cw, ch = right - left, bottom - top
+    if max(cw, ch) / min(cw, ch) > 50:
+        return None
+    return box
+
+
+def trim(im: Image.Image, tolerance: int, min_side: int = 32) -> Image.Image:
+    box = content_box(im, tolerance, min_side)
+    return im if box is None else im.crop(box)
