@@ -1,0 +1,372 @@
+"""Semantic level: nearest stored question within one partition.
+
+A partition (see ``keys.py``) already fixes tenant, model, parameters, system
+prompt, earlier turns and every image, so only the last question's wording is
+compared. Each partition has its own FAISS index over L2-normalised
+all-MiniLM-L6-v2 vectors (inner product = cosine): exact flat search (supports
+deletion) up to ``semantic_hnsw_above`` entries, HNSW (M=32, efSearch 64) for
+larger ones, where deletions are tombstones and the index is rebuilt once a
+fifth of it is dead. A candidate is a hit only at or above the threshold and
+when the near-miss guard agrees.
+
+All FAISS and numpy work runs on one worker thread (which also serialises index
+mutation); at most ``semantic_max_queue`` jobs wait for it, beyond that the
+semantic level is skipped (a miss), never queued without bound.
+
+Persistence: with Redis each new entry is appended to one Redis stream (capped
+at ``semantic_max_entries``); every replica loads the stream at start and then
+follows it, so all replicas converge on the same index. The completion itself
+lives in the exact store under the entry's exact key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import orjson
+
+from . import guard
+
+if TYPE_CHECKING:
+    from .embedder import Embedder
+
+log = logging.getLogger("vlm_gateway.cache")
+
+HNSW_M = 32
+HNSW_EF_SEARCH = 64
+
+
+@dataclass(slots=True)
+class Entry:
+    id: int
+    partition: str
+    exact_key: str
+    question: str  # normalised
+    content: guard.Content
+    expires: float
+
+
+@dataclass(slots=True)
+class Match:
+    entry: Entry
+    similarity: float
+
+
+class Partition:
+    def __init__(self, dim: int, hnsw: bool = False) -> None:
+        import faiss
+        self.dim = dim
+        self.hnsw = hnsw
+        if hnsw:
+            base = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
+            base.hnsw.efSearch = HNSW_EF_SEARCH
+        else:
+            base = faiss.IndexFlatIP(dim)
+        self.index = faiss.IndexIDMap2(base)
+        self.entries: OrderedDict[int, Entry] = OrderedDict()  # oldest first
+        self.dead = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, vecs: np.ndarray, entries: list[Entry]) -> None:
+        self.index.add_with_ids(vecs, np.fromiter((e.id for e in entries), np.int64, len(entries)))
+        for e in entries:
+            self.entries[e.id] = e
+
+    def remove(self, ids: list[int]) -> None:
+        for i in ids:
+            self.entries.pop(i, None)
+        if not self.hnsw:
+            self.index.remove_ids(np.asarray(ids, np.int64))
+            return
+        self.dead += len(ids)
+        if self.dead > max(64, self.index.ntotal // 5):
+            self.rebuild(hnsw=True)
+
+    def rebuild(self, hnsw: bool) -> None:
+        """Re-create the index from the live entries (HNSW eviction, or flat -> HNSW)."""
+        ids = np.fromiter(self.entries.keys(), np.int64, len(self.entries))
+        vecs = np.vstack([self.index.reconstruct(int(i)) for i in ids]) if len(ids) else \
+            np.zeros((0, self.dim), np.float32)
+        fresh = Partition(self.dim, hnsw)
+        fresh.add(vecs, list(self.entries.values()))
+        self.index, self.hnsw, self.dead = fresh.index, hnsw, 0
+
+    def search(self, vec: np.ndarray, k: int) -> list[Match]:
+        if not self.entries:
+            return []
+        k = min(k + (self.dead if self.hnsw else 0), self.index.ntotal)
+        sims, ids = self.index.search(vec.reshape(1, -1), k)
+        out = []
+        for s, i in zip(sims[0], ids[0]):
+            e = self.entries.get(int(i))
+            if e is not None:
+                out.append(Match(e, float(s)))
+        return out
+
+
+class SemanticIndex:
+    """Every partition of one replica; bounded per partition and in total (oldest go first)."""
+
+    def __init__(self, dim: int, max_per_partition: int, max_total: int, hnsw_above: int) -> None:
+        self.dim = dim
+        self.max_per_partition = max_per_partition
+        self.max_total = max_total
+        self.hnsw_above = hnsw_above
+        self.partitions: dict[str, Partition] = {}
+        self.order: OrderedDict[int, str] = OrderedDict()  # id -> partition, oldest first
+        self._ids = itertools.count(int.from_bytes(os.urandom(6), "little") << 12)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def new_id(self) -> int:
+        return next(self._ids) & 0x7FFF_FFFF_FFFF_FFFF
+
+    def add(self, vec: np.ndarray, entry: Entry) -> None:
+        self.add_many(vec.reshape(1, -1), [entry])
+
+    def add_many(self, vecs: np.ndarray, entries: list[Entry]) -> None:
+        by_part: dict[str, list[int]] = {}
+        for i, e in enumerate(entries):
+            if e.id in self.order:
+                continue
+            by_part.setdefault(e.partition, []).append(i)
+        for part, rows in by_part.items():
+            p = self.partitions.get(part)
+            if p is None:
+                p = self.partitions[part] = Partition(self.dim)
+            over = len(p) + len(rows) - self.max_per_partition
+            if over > 0:
+                self._remove(part, list(itertools.islice(p.entries.keys(), over)))
+            rows = rows[-self.max_per_partition:]
+            p.add(np.ascontiguousarray(vecs[rows], np.float32), [entries[i] for i in rows])
+            for i in rows:
+                self.order[entries[i].id] = part
+            if not p.hnsw and len(p) > self.hnsw_above:
+                p.rebuild(hnsw=True)
+        over = len(self.order) - self.max_total
+        if over > 0:
+            victims: dict[str, list[int]] = {}
+            for eid, part in itertools.islice(self.order.items(), over):
+                victims.setdefault(part, []).append(eid)
+            for part, ids in victims.items():
+                self._remove(part, ids)
+
+    def _remove(self, part: str, ids: list[int]) -> None:
+        p = self.partitions.get(part)
+        for i in ids:
+            self.order.pop(i, None)
+        if p is None:
+            return
+        p.remove(ids)
+        if not p.entries:
+            del self.partitions[part]
+
+    def search(self, part: str, vec: np.ndarray, query: guard.Content, threshold: float,
+               k: int = 4) -> tuple[Match | None, str]:
+        """Best guarded match at/above ``threshold``; the reason string says why not."""
+        p = self.partitions.get(part)
+        if p is None:
+            return None, "empty"
+        now = time.time()
+        reason = "below_threshold"
+        expired = []
+        for m in p.search(vec, k):
+            if m.entry.expires <= now:
+                expired.append(m.entry.id)
+                continue
+            if m.similarity < threshold:
+                break
+            v = guard.check(query, m.entry.content)
+            if v.ok:
+                if expired:
+                    self._remove(part, expired)
+                return m, "hit"
+            reason = "guard_" + v.reason
+        if expired:
+            self._remove(part, expired)
+        return None, reason
+
+
+class SemanticCache:
+    """Async front of the index: embedding/search on a worker thread, Redis sync."""
+
+    def __init__(self, embedder: "Embedder", threshold: float, max_per_partition: int, max_total: int,
+                 hnsw_above: int, max_queue: int, guard_on: bool = True) -> None:
+        self.embedder = embedder
+        self.threshold = threshold
+        self.guard_on = guard_on
+        self.index = SemanticIndex(embedder.dim, max_per_partition, max_total, hnsw_above)
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="l3-semantic")
+        self.max_queue = max_queue
+        self.pending = 0
+        self.skipped = 0
+        self.origin = os.urandom(8).hex()
+        self.redis = None
+        self.stream_key = ""
+        self.stream_max = max_total
+        self._follow_task: asyncio.Task | None = None
+        self._last_id = "0-0"
+
+    async def _run(self, fn, *args):
+        """Run on the worker thread, or return None when its queue is full."""
+        if self.pending >= self.max_queue:
+            self.skipped += 1
+            return None
+        self.pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        finally:
+            self.pending -= 1
+
+    def _lookup_sync(self, part: str, question: str, original: str) -> tuple[np.ndarray, Match | None, str]:
+        vec = self.embedder.embed_one(question)
+        if part not in self.index.partitions:
+            return vec, None, "empty"
+        content = guard.content_words(question, original)
+        if not self.guard_on:
+            content = None
+        m, reason = self._search(part, vec, content)
+        return vec, m, reason
+
+    def _search(self, part, vec, content):
+        if content is None:  # guard switched off (benchmarks only): similarity alone
+            p = self.index.partitions.get(part)
+            best = next((m for m in (p.search(vec, 1) if p else []) if m.entry.expires > time.time()), None)
+            return (best, "hit") if best and best.similarity >= self.threshold else (None, "below_threshold")
+        return self.index.search(part, vec, content, self.threshold)
+
+    async def lookup(self, part: str, question: str, original: str) -> tuple[np.ndarray | None, Match | None, str]:
+        res = await self._run(self._lookup_sync, part, question, original)
+        if res is None:
+            return None, None, "queue_full"
+        return res
+
+    def _add_sync(self, vec: np.ndarray | None, part: str, exact_key: str, question: str, original: str,
+                  expires: float) -> tuple[Entry, np.ndarray]:
+        if vec is None:
+            vec = self.embedder.embed_one(question)
+        e = Entry(self.index.new_id(), part, exact_key, question, guard.content_words(question, original), expires)
+        self.index.add(vec, e)
+        return e, vec
+
+    async def add(self, vec: np.ndarray | None, part: str, exact_key: str, question: str, original: str,
+                  expires: float) -> None:
+        res = await self._run(self._add_sync, vec, part, exact_key, question, original, expires)
+        if res is None or self.redis is None:
+            return
+        e, v = res
+        fields = {"o": self.origin, "p": part, "k": exact_key, "q": question,
+                  "n": orjson.dumps(sorted(e.content.entities)), "e": repr(expires),
+                  "v": np.asarray(v, np.float32).tobytes()}
+        try:
+            await asyncio.wait_for(self.redis.xadd(self.stream_key, fields, maxlen=self.stream_max,
+                                                   approximate=True), 1.0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("L3 semantic: could not persist an entry to Redis (%s)", type(e).__name__)
+
+    # -- Redis persistence -------------------------------------------------------------
+    def _entries_from_stream(self, items) -> tuple[np.ndarray, list[Entry]]:
+        now = time.time()
+        vecs, entries = [], []
+        for _sid, f in items:
+            try:
+                if f[b"o"].decode() == self.origin:
+                    continue
+                expires = float(f[b"e"])
+                if expires <= now:
+                    continue
+                q = f[b"q"].decode()
+                ents = frozenset(orjson.loads(f.get(b"n", b"[]")))
+                content = guard.content_words(q)
+                content = guard.Content(content.words, ents)
+                vec = np.frombuffer(f[b"v"], np.float32)
+                if vec.shape[0] != self.index.dim:
+                    continue
+                entries.append(Entry(self.index.new_id(), f[b"p"].decode(), f[b"k"].decode(), q, content, expires))
+                vecs.append(vec)
+            except (KeyError, ValueError, UnicodeDecodeError, orjson.JSONDecodeError):
+                continue
+        return (np.vstack(vecs) if vecs else np.zeros((0, self.index.dim), np.float32)), entries
+
+    def _ingest_sync(self, items) -> int:
+        vecs, entries = self._entries_from_stream(items)
+        if entries:
+            self.index.add_many(vecs, entries)
+        return len(entries)
+
+    async def attach_redis(self, url: str, key: str) -> None:
+        """Load the persisted entries, then follow new ones in the background."""
+        import redis.asyncio as redis
+        self.redis = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=1.0)
+        self.stream_key = key
+        loaded = 0
+        try:
+            start = "-"
+            while True:
+                items = await asyncio.wait_for(self.redis.xrange(key, start, "+", count=2000), 5.0)
+                if not items:
+                    break
+                loaded += await asyncio.get_running_loop().run_in_executor(self.pool, self._ingest_sync, items)
+                self._last_id = items[-1][0].decode()
+                start = "(" + self._last_id
+                if len(items) < 2000:
+                    break
+            log.info("L3 semantic: loaded %d entries from Redis", loaded)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("L3 semantic: could not load entries from Redis (%s); starting empty", type(e).__name__)
+            self._last_id = "$"
+        self._follow_task = asyncio.create_task(self._follow())
+
+    async def _follow(self) -> None:
+        backoff = 0.5
+        while True:
+            try:
+                if self._last_id == "$":
+                    info = await self.redis.xinfo_stream(self.stream_key)
+                    self._last_id = info["last-generated-id"].decode() \
+                        if isinstance(info["last-generated-id"], bytes) else str(info["last-generated-id"])
+                res = await self.redis.xread({self.stream_key: self._last_id}, count=1000, block=1000)
+                for _key, items in res or ():
+                    if items:
+                        self._last_id = items[-1][0].decode()
+                        await asyncio.get_running_loop().run_in_executor(self.pool, self._ingest_sync, items)
+                backoff = 0.5
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if "no such key" in str(e).lower():
+                    self._last_id = "0-0"
+                else:
+                    log.debug("L3 semantic: follow failed (%s)", type(e).__name__)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def close(self) -> None:
+        if self._follow_task is not None:
+            self._follow_task.cancel()
+            try:
+                await self._follow_task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.redis is not None:
+            try:
+                await self.redis.aclose()
+            except Exception:
+                pass
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,173 @@
+"""The L3 stage: exact -> normalised-exact -> semantic lookup, and storing on completion.
+
+Every chat response carries ``x-vlm-gateway-cache``: ``hit-exact``,
+``hit-normalized``, ``hit-semantic`` (with ``x-vlm-gateway-cache-similarity``),
+``miss`` or ``bypass``. A miss registers an ``on_complete`` hook; the relay calls
+it only with a complete successful answer (a stream is assembled as it passes),
+and the hook writes in the background so the client never waits for Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ... import metrics
+from .. import Reply
+from .keys import CacheKeys, build_keys
+from .policy import decide, storable
+from .store import LocalStore, RedisStore, TieredStore
+
+if TYPE_CHECKING:
+    from ...proxy.gateway import Gateway
+    from ...proxy.request import ChatRequest
+
+log = logging.getLogger("vlm_gateway.cache")
+
+HEADER = "x-vlm-gateway-cache"
+SIMILARITY_HEADER = "x-vlm-gateway-cache-similarity"
+_KEYS_STATE = "l3_keys"
+_VEC_STATE = "l3_vector"
+
+
+class ResponseCache:
+    def __init__(self, gw: "Gateway") -> None:
+        cfg = gw.cfg.cache
+        self.cfg = cfg
+        remote = RedisStore(gw.cfg.redis_url, cfg.redis_timeout_s, cfg.redis_retry_s, cfg.redis_prefix) \
+            if gw.cfg.redis_url else None
+        self.store = TieredStore(LocalStore(cfg.max_bytes), remote, cfg.ttl_s, cfg.max_entry_bytes)
+        self.semantic = None  # SemanticCache once the model is loaded (start)
+        self._tasks: set[asyncio.Task] = set()
+        self.redis_url = gw.cfg.redis_url
+
+    async def start(self) -> None:
+        if not self.cfg.semantic:
+            return
+        try:
+            from .embedder import shared_embedder
+            from .semantic import SemanticCache
+            loop = asyncio.get_running_loop()
+            emb = await loop.run_in_executor(None, shared_embedder, self.cfg.semantic_model_dir)
+        except Exception as e:
+            log.error("L3 semantic cache is configured but cannot start (%s); serving without it", e)
+            return
+        c = self.cfg
+        sem = SemanticCache(emb, c.semantic_threshold, c.semantic_max_entries_per_partition,
+                            c.semantic_max_entries, c.semantic_hnsw_above, c.semantic_max_queue, c.semantic_guard)
+        if self.redis_url:
+            await sem.attach_redis(self.redis_url, c.redis_prefix + "semantic")
+        self.semantic = sem
+        log.info("L3 semantic cache on (threshold %.3f, guard %s)", c.semantic_threshold,
+                 "on" if c.semantic_guard else "off")
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        if self.semantic is not None:
+            await self.semantic.close()
+        if self.store.remote is not None:
+            await self.store.remote.close()
+
+    # -- lookup --------------------------------------------------------------------------
+    async def __call__(self, req: "ChatRequest") -> Reply | None:
+        if req.route != "chat":
+            return None
+        d = decide(req, self.cfg)
+        if not d.lookup and not d.store:
+            req.response_headers[HEADER] = "bypass"
+            return None
+        keys = build_keys(req)
+        req.state[_KEYS_STATE] = keys
+        if d.lookup:
+            reply = await self._lookup(req, keys)
+            if reply is not None:
+                return reply
+        req.response_headers[HEADER] = "miss" if d.lookup else "bypass"
+        if d.store:
+            req.on_complete.append(self._on_complete)
+        return None
+
+    async def _lookup(self, req: "ChatRequest", keys: CacheKeys) -> Reply | None:
+        metrics.CACHE_LOOKUPS.labels("l3_exact").inc()
+        c = await self.store.get(keys.exact)
+        if c is not None:
+            metrics.CACHE_HITS.labels("l3_exact").inc()
+            return Reply(c, {HEADER: "hit-exact"})
+        if self.cfg.normalized and keys.normalized:
+            metrics.CACHE_LOOKUPS.labels("l3_normalized").inc()
+            c = await self.store.get(keys.normalized)
+            if c is not None:
+                metrics.CACHE_HITS.labels("l3_normalized").inc()
+                return Reply(c, {HEADER: "hit-normalized"})
+        sem = self.semantic
+        if sem is not None and keys.normalized_question and keys.partition in sem.index.partitions:
+            metrics.CACHE_LOOKUPS.labels("l3_semantic").inc()
+            vec, match, _why = await sem.lookup(keys.partition, keys.normalized_question, keys.question)
+            if vec is not None:
+                req.state[_VEC_STATE] = vec
+            if match is not None:
+                c = await self.store.get(match.entry.exact_key)
+                if c is not None:
+                    metrics.CACHE_HITS.labels("l3_semantic").inc()
+                    return Reply(c, {HEADER: "hit-semantic", SIMILARITY_HEADER: "%.4f" % match.similarity})
+        return None
+
+    # -- store ---------------------------------------------------------------------------
+    async def _on_complete(self, req: "ChatRequest", completion: dict) -> None:
+        keys: CacheKeys | None = req.state.get(_KEYS_STATE)
+        if keys is None or not storable(req, completion):
+            return
+        enc = self.store.encode(completion)
+        if enc is None:
+            return
+        value, expires = enc
+        self.store.put_local(keys.exact, completion, value, expires)
+        normalized = keys.normalized if self.cfg.normalized else ""
+        if normalized:
+            self.store.put_local(normalized, completion, value, expires)
+        if self.store.remote is None and (self.semantic is None or not keys.normalized_question):
+            return
+        self._spawn(self._store_background(keys, normalized, value, expires, req.state.get(_VEC_STATE)))
+
+    async def _store_background(self, keys: CacheKeys, normalized: str, value: bytes, expires: float,
+                                vec) -> None:
+        if self.store.remote is not None:
+            await self.store.put_remote(keys.exact, value)
+            if normalized:
+                await self.store.put_remote(normalized, value)
+        if self.semantic is not None and keys.normalized_question:
+            await self.semantic.add(vec, keys.partition, keys.exact, keys.normalized_question, keys.question,
+                                    expires)
+
+    def _spawn(self, coro) -> None:
+        t = asyncio.create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._done)
+
+    def _done(self, t: asyncio.Task) -> None:
+        self._tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.warning("L3 cache: storing an entry failed: %r", t.exception())
+
+    async def drain(self) -> None:
+        """Wait for background writes (tests and benchmarks)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def make(gw: "Gateway"):
+    if not gw.cfg.cache.enabled:
+        return None
+    cache = ResponseCache(gw)
+    gw.response_cache = cache
+    return cache
+
+
+async def start(gw: "Gateway") -> None:
+    cache = getattr(gw, "response_cache", None)
+    if cache is None:
+        return
+    await cache.start()
+    gw.closers.append(cache.close)

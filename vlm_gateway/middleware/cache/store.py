@@ -1,0 +1,153 @@
+"""Where cached completions live.
+
+``LocalStore``: in-process LRU bounded by bytes, with a TTL per entry.
+``RedisStore``: shared by every replica; each call is bounded by a timeout and a
+failure or timeout counts as a miss. After a failure Redis is skipped for
+``retry_s`` so that a down Redis costs one timeout per interval, not one per
+request.
+``TieredStore``: local first, then Redis (a Redis hit is copied into the local
+LRU with its remaining lifetime); writes go to both.
+
+Values are ``{"e": expires_at_epoch, "c": completion}`` encoded with orjson.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+
+log = logging.getLogger("vlm_gateway.cache")
+
+
+class LocalStore:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._d: OrderedDict[str, tuple[float, int, dict]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def get(self, key: str) -> dict | None:
+        item = self._d.get(key)
+        if item is None:
+            return None
+        expires, size, completion = item
+        if expires <= time.time():
+            self._drop(key)
+            return None
+        self._d.move_to_end(key)
+        return completion
+
+    def put(self, key: str, completion: dict, size: int, expires: float) -> None:
+        if size > self.max_bytes:
+            return
+        if key in self._d:
+            self._drop(key)
+        self._d[key] = (expires, size, completion)
+        self.bytes += size
+        while self.bytes > self.max_bytes and self._d:
+            self._drop(next(iter(self._d)))
+
+    def _drop(self, key: str) -> None:
+        _, size, _ = self._d.pop(key)
+        self.bytes -= size
+
+
+class RedisStore:
+    def __init__(self, url: str, timeout_s: float, retry_s: float = 1.0, prefix: str = "vlmgw:l3:") -> None:
+        import redis.asyncio as redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        self.timeout = timeout_s
+        self.retry_s = retry_s
+        self.prefix = prefix
+        # No client-side retries: the timeout is the whole budget of a lookup.
+        self.client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                           retry=Retry(NoBackoff(), 0), health_check_interval=0)
+        self._down_until = 0.0
+        self.failures = 0
+
+    @property
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _failed(self, what: str, e: BaseException) -> None:
+        self.failures += 1
+        if self.available:
+            log.warning("L3 cache: Redis %s failed (%s); treating as a miss for %.1fs",
+                        what, type(e).__name__, self.retry_s)
+        self._down_until = time.monotonic() + self.retry_s
+
+    async def _call(self, what: str, coro) -> Any:
+        try:
+            return await asyncio.wait_for(coro, self.timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # timeout, connection refused/reset, protocol error
+            self._failed(what, e)
+            return None
+
+    async def get(self, key: str) -> tuple[dict, float] | None:
+        if not self.available:
+            return None
+        raw = await self._call("get", self.client.get(self.prefix + key))
+        if not raw:
+            return None
+        try:
+            obj = orjson.loads(raw)
+            return obj["c"], float(obj["e"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return None
+
+    async def put(self, key: str, value: bytes, ttl_s: int) -> bool:
+        if not self.available:
+            return False
+        return bool(await self._call("set", self.client.set(self.prefix + key, value, ex=max(1, ttl_s))))
+
+    async def close(self) -> None:
+        try:
+            await self.client.aclose()
+        except Exception:  # pragma: no cover - best effort
+            pass
+
+
+class TieredStore:
+    def __init__(self, local: LocalStore, remote: RedisStore | None, ttl_s: int, max_entry_bytes: int) -> None:
+        self.local = local
+        self.remote = remote
+        self.ttl_s = ttl_s
+        self.max_entry_bytes = max_entry_bytes
+
+    async def get(self, key: str) -> dict | None:
+        c = self.local.get(key)
+        if c is not None or self.remote is None:
+            return c
+        got = await self.remote.get(key)
+        if got is None:
+            return None
+        completion, expires = got
+        if expires <= time.time():
+            return None
+        self.local.put(key, completion, len(orjson.dumps(completion)), expires)
+        return completion
+
+    def encode(self, completion: dict) -> tuple[bytes, float] | None:
+        """The stored value, or None when it is over the entry size cap."""
+        expires = time.time() + self.ttl_s
+        value = orjson.dumps({"e": expires, "c": completion})
+        if len(value) > self.max_entry_bytes:
+            return None
+        return value, expires
+
+    def put_local(self, key: str, completion: dict, value: bytes, expires: float) -> None:
+        self.local.put(key, completion, len(value), expires)
+
+    async def put_remote(self, key: str, value: bytes) -> None:
+        if self.remote is not None:
+            await self.remote.put(key, value, self.ttl_s)
