@@ -118,41 +118,43 @@ def _decode_data_uri(value: Any) -> tuple[bytes, str]:
 
 async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: str) -> tuple[str, dict]:
     """Run the gateway's own image stage on a one-image chat request, as a real
-    request would go through it (same budget, same cache), and return the data
-    URI it would send upstream plus what it recorded on the image part."""
+    request would go through it (same policy, same L1 cache), for the backend the
+    router would pick now (its profile may cap the budget further). Returns the
+    data URI that would go upstream and what the stage recorded. Nothing is sent
+    and no request metrics are counted."""
+    if not gw.cfg.images.enabled:
+        return data_uri, {"rewritten": False, "reason": "image rewriting is switched off (images.enabled)"}
+    rewriter = getattr(gw, "image_rewriter", None)
+    if rewriter is None:
+        return data_uri, {"rewritten": False, "reason": "the image stage is not installed"}
     part: dict[str, Any] = {"type": "image_url", "image_url": {"url": data_uri}}
     if detail in ("low", "high"):
         part["image_url"]["detail"] = detail
     body = {"model": model, "messages": [{"role": "user", "content": [part]}]}
+    image = ImagePart(0, 0, part)
     req = ChatRequest(body=body, route="chat", model=model, stream=False, headers={},
-                      request_id="ui-rewrite", images=[ImagePart(0, 0, part)])
-    if not gw.cfg.images.enabled:
-        return data_uri, {"rewritten": False, "reason": "image rewriting is switched off (images.enabled)"}
-    stage = _image_stage(gw)
-    if stage is None:
-        return data_uri, {"rewritten": False, "reason": "the image stage is not installed"}
-    await stage(req)
-    # A stage may defer the rewrite until a backend is chosen (its budget); use the
-    # best candidate the pool would pick, without taking a slot.
-    if req.before_send:
-        backend = None
-        try:
-            backend = gw.pool.policy.rank(req, gw.pool.candidates(req))[0]
-        except GatewayError:
-            backend = None
-        for hook in req.before_send:
-            await hook(req, backend)
-    msg = req.body["messages"][0]["content"][0]
-    url = msg["image_url"] if isinstance(msg["image_url"], str) else msg["image_url"].get("url", "")
-    return url, {"rewritten": url != data_uri}
-
-
-def _image_stage(gw: "Gateway"):
+                      request_id="ui-rewrite", images=[image])
+    await rewriter(req)
+    plan = req.state.get("images") or {}
+    info: dict[str, Any] = {"tokens_before": image.tokens_before, "tokens_after": image.tokens_after}
     try:
-        from ..middleware.images import stage as image_stage
-    except ModuleNotFoundError:
-        return None
-    return image_stage.make(gw)
+        backend = gw.pool.policy.rank(req, gw.pool.candidates(req))[0]
+    except GatewayError:
+        backend = None
+    info["backend"] = backend.name if backend is not None else None
+    cap = (backend.profile or {}).get("image_max_long_side") if backend is not None else None
+    if plan.get("policies") and isinstance(cap, (int, float)) and cap > 0:
+        pol = plan["policies"][0]
+        capped = pol.capped(int(cap))
+        if capped != pol:
+            r, _ = await rewriter.rewritten(image, plan["sources"][0], capped)
+            info["tokens_after"] = r.tokens_after
+            info["budget"] = capped.max_long_side
+            return (r.url or data_uri), {**info, "rewritten": r.url is not None}
+    if plan.get("policies"):
+        info["budget"] = plan["policies"][0].max_long_side
+    url = image.url
+    return url, {**info, "rewritten": url != data_uri}
 
 
 def routes_rewrite(cfg: GatewayConfig):
@@ -178,15 +180,25 @@ def routes_rewrite(cfg: GatewayConfig):
         loop = asyncio.get_running_loop()
         before = await loop.run_in_executor(None, _describe, src, cfg)
         t0 = time.perf_counter()
-        out_uri, info = await _rewrite_with_stage(gw, data_uri, model, detail)
+        try:
+            out_uri, info = await _rewrite_with_stage(gw, data_uri, model, detail)
+        except GatewayError as e:
+            e.param = "image" if e.param and "image_url" in e.param else e.param
+            raise
         ms = (time.perf_counter() - t0) * 1000.0
         if out_uri == data_uri:
             after = dict(before)
         else:
             out_bytes, _ = _decode_data_uri(out_uri)
             after = await loop.run_in_executor(None, _describe, out_bytes, cfg)
+        # the stage's own token counts (per-model grid) win over the generic estimate
+        if info.get("tokens_before"):
+            before["tokens"] = info["tokens_before"]
+        if info.get("tokens_after"):
+            after["tokens"] = info["tokens_after"]
         return _json({"model": model, "detail": detail, "before": before, "after": after,
                       "rewritten": info.get("rewritten", False), "reason": info.get("reason"),
+                      "backend": info.get("backend"), "budget": info.get("budget"),
                       "tokens_saved": before["tokens"] - after["tokens"],
                       "rewrite_ms": round(ms, 2), "image": out_uri})
     return rewrite

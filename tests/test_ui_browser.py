@@ -1,0 +1,83 @@
+"""The /ui playground in headless Chromium (Debian's /usr/bin/chromium, driven by
+playwright-core from tests/ui): upload an image, check the before/after figures and
+the streamed answer, then the status view. Screenshots go to a temp dir; with
+UPDATE_SCREENSHOTS=1 they are copied to docs/ (docs/playground.png, docs/status.png)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageDraw
+
+ROOT = Path(__file__).resolve().parent.parent
+UI_TESTS = ROOT / "tests" / "ui"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+
+if not shutil.which("node") or not (UI_TESTS / "node_modules" / "playwright-core").is_dir() \
+        or not os.path.exists(CHROMIUM):
+    pytest.skip("needs node, chromium and `npm install` in tests/ui (.ci/run installs them)",
+                allow_module_level=True)
+
+
+def street_scene(path: Path, width: int = 1920, height: int = 1080) -> None:
+    """A screenshot-sized picture with some structure (sky, ground, blocks, sun)."""
+    im = Image.new("RGB", (width, height))
+    d = ImageDraw.Draw(im)
+    for y in range(height):
+        t = y / height
+        d.line([(0, y), (width, y)], fill=(int(90 + 120 * t), int(150 + 60 * t), int(230 - 90 * t))
+               if y < height * 0.62 else (int(70 + 40 * t), int(110 + 30 * t), 60))
+    for i, x in enumerate(range(80, width - 200, 260)):
+        h = 220 + (i * 97) % 300
+        d.rectangle([x, int(height * 0.62) - h, x + 190, int(height * 0.62)], fill=(60 + i * 17 % 120, 70, 90))
+        for wy in range(int(height * 0.62) - h + 20, int(height * 0.62) - 30, 48):
+            for wx in range(x + 18, x + 170, 44):
+                d.rectangle([wx, wy, wx + 22, wy + 26], fill=(250, 226, 140))
+    d.ellipse([width - 330, 90, width - 170, 250], fill=(255, 214, 80))
+    im.save(path, "JPEG", quality=90)
+
+
+def test_playground_upload_rewrite_and_streamed_answer(servers, tmp_path):
+    sim = servers.sim(token_rate=40)  # a visible stream: ~25 ms between tokens
+    gw = servers.gateway({}, backends=[sim])
+    img = tmp_path / "street.jpg"
+    street_scene(img)
+    src_bytes = img.stat().st_size
+    r = subprocess.run(["node", str(UI_TESTS / "playground.mjs"), gw.url, str(img), str(tmp_path)],
+                       cwd=UI_TESTS, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "CHROMIUM": CHROMIUM})
+    assert r.returncode == 0, r.stderr[-3000:]
+    page = json.loads(r.stdout.strip().splitlines()[-1])
+
+    assert page["error"] == "" and not page.get("console_errors"), page
+    assert page["models"] == ["qwen3vl-sim"]
+    # before/after as the page shows them: 1920x1080 -> 768x448 on the 32 px grid
+    assert page["size_before"].startswith("1920 × 1080")
+    assert page["size_after"].startswith("768 × 448")
+    assert page["after_image_natural"] == [768, 448]
+    assert page["tokens_before"] == 2040 and page["tokens_after"] == 336
+    assert page["bytes_before"] == src_bytes and 0 < page["bytes_after"] < src_bytes
+    assert "2,040 → 336 (−84%)" in page["saving"]
+    # the answer arrived as a stream (the simulator echoes the question, then filler)
+    assert page["answer"].startswith("What is in this picture?")
+    assert page["chunks"] >= 16
+    lengths = sorted({n for _, n in page["growth"]})
+    assert len(lengths) >= 8, page["growth"]
+    assert page["growth"][-1][0] - page["growth"][0][0] > 200  # spread over time, not one blob
+    assert "backend sim0" in page["answer_meta"]
+
+    # status view: the backend and the request just made, with its visual tokens
+    assert page["status"]["backends"][0][0] == "sim0" and page["status"]["backends"][0][3] == "ok"
+    recent = page["status"]["recent"][0]
+    assert recent[1] == "chat" and recent[3] == "200" and recent[6] == "2,040 → 336"
+
+    for name in ("playground.png", "status.png"):
+        assert (tmp_path / name).stat().st_size > 20_000
+        if os.environ.get("UPDATE_SCREENSHOTS"):
+            shutil.copy(tmp_path / name, ROOT / "docs" / name)
