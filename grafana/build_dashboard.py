@@ -34,6 +34,14 @@ def ratio_by(hits: str, total: str, by: str) -> str:
             f" / sum by ({by}) (rate({total}{W}))")
 
 
+# L2 is the backends' prefix cache, reached by routing: its "hit" is a routing decision
+# that followed the backend already holding the request's prefix.
+_AFF = 'vlm_gateway_routing_decisions_total{outcome=~"affinity|affinity_weak|affinity_overloaded|load"}'
+L2_AFFINITY = (f'label_replace((sum(rate(vlm_gateway_routing_decisions_total{{outcome="affinity"}}{W}))'
+               f" or 0 * sum(rate({_AFF}{W}))) / sum(rate({_AFF}{W})), \"level\", \"l2\", \"\", \"\")")
+
+CACHE_RATIO = ratio_by("vlm_gateway_cache_hits_total", "vlm_gateway_cache_lookups_total", "level")
+
 # (title, unit, [(expr, legend)], description)
 ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
     ("Traffic and errors", [
@@ -88,9 +96,10 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
     ]),
     ("Caches", [
         ("Cache hit ratio per level", "percentunit",
-         [(ratio_by("vlm_gateway_cache_hits_total", "vlm_gateway_cache_lookups_total", "level"), "{{level}}")],
-         "l1 rewritten images, l2 prefix affinity (routed to the backend holding the prefix), "
-         "l3_exact / l3_normalized / l3_semantic response cache."),
+         [(CACHE_RATIO, "{{level}}"),
+          (L2_AFFINITY, "l2 affinity")],
+         "l1 rewritten images, l2 prefix affinity (share of affinity-policy routing decisions that "
+         "followed the backend holding the prefix), l3_exact / l3_normalized / l3_semantic response cache."),
         ("Cache lookups / s per level", "ops",
          [(rate("vlm_gateway_cache_lookups_total", "level"), "lookups {{level}}"),
           (rate("vlm_gateway_cache_hits_total", "level"), "hits {{level}}")],

@@ -1,0 +1,167 @@
+"""A real Prometheus (Debian's binary, started here on a loopback port) scrapes a
+two-worker gateway and two simulators under a short mixed load; then every panel
+query of the Grafana dashboard, evaluated through Prometheus's HTTP API, must be
+valid and return at least one finite value, and every alert rule must evaluate
+without error."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from conftest import SIM_MODEL, free_port, wait_http
+from images import data_uri, image_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "grafana"))
+import build_dashboard  # noqa: E402
+
+KEY = "sk-prom-load-5e1f"
+TINY_KEY = "sk-prom-tiny-9a2b"
+RATE_WINDOW = "1m"
+
+pytestmark = pytest.mark.slow
+
+
+def _prometheus(tmp: Path, gateway_port: int, sim_ports: list[int]):
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus missing: apt-get install prometheus (listed in .ci/run)"
+    shutil.copy(ROOT / "prometheus" / "alerts.yml", tmp / "alerts.yml")
+    cfg = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": ["alerts.yml"],
+        "scrape_configs": [
+            {"job_name": "vlm-gateway", "static_configs": [{"targets": [f"127.0.0.1:{gateway_port}"]}]},
+            {"job_name": "engines", "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in sim_ports]}]},
+        ],
+    }
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    port = free_port()
+    log = open(tmp / "prometheus.log", "w")
+    proc = subprocess.Popen([binary, f"--config.file={tmp / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                             "--log.level=warn"], stdout=log, stderr=subprocess.STDOUT)
+    wait_http(f"http://127.0.0.1:{port}/-/ready", proc, 30, str(tmp / "prometheus.log"))
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _query(prom: str, expr: str) -> list[dict]:
+    r = httpx.get(prom + "/api/v1/query", params={"query": expr}, timeout=10)
+    body = r.json()
+    assert r.status_code == 200 and body["status"] == "success", f"{expr}: {body}"
+    return body["data"]["result"]
+
+
+def _load(gw_url: str, sims) -> int:
+    """A short mixed load; returns how many completion requests it sent."""
+    client = openai.OpenAI(base_url=gw_url + "/v1", api_key=KEY, max_retries=0)
+    big = data_uri(image_bytes(1600, 1200, (30, 140, 90)))  # rewritten down to the 768 px budget
+    small = data_uri(image_bytes(64, 48, (200, 30, 30)))
+    sent = 0
+    for rnd in range(3):
+        for i in range(4):
+            client.chat.completions.create(  # deterministic: L3 exact hits from the second round
+                model=SIM_MODEL, max_tokens=4, temperature=0,
+                messages=[{"role": "user", "content": f"what is {i} plus {i}?"}])
+            client.chat.completions.create(  # images: L1 hits, visual tokens saved
+                model=SIM_MODEL, max_tokens=4, temperature=0.7,
+                messages=[{"role": "user", "content": [
+                    {"type": "text", "text": f"describe image {i}"},
+                    {"type": "image_url", "image_url": {"url": big if i % 2 else small}}]}])
+            stream = client.chat.completions.create(  # same prefix each round: affinity routing
+                model=SIM_MODEL, max_tokens=5, temperature=0.7, stream=True,
+                stream_options={"include_usage": True},
+                messages=[{"role": "system", "content": "You are a careful assistant. " * 20},
+                          {"role": "user", "content": f"stream {i}"}])
+            assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            sent += 3
+        # errors the dashboard shows: 400, 404, 413, 429, and a retried upstream 5xx
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model=SIM_MODEL, messages=[{"role": "user", "content": [
+                {"type": "nonsense"}]}])
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+        r = httpx.post(gw_url + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
+                       json={"model": SIM_MODEL, "messages": [{"role": "user", "content": "x" * 300_000}]})
+        assert r.status_code == 413
+        tiny = openai.OpenAI(base_url=gw_url + "/v1", api_key=TINY_KEY, max_retries=0)
+        tries = 0
+        with pytest.raises(openai.RateLimitError):
+            for _ in range(3):
+                tries += 1
+                tiny.chat.completions.create(model=SIM_MODEL, max_tokens=1, temperature=0.5,
+                                             messages=[{"role": "user", "content": "tiny"}])
+        sent += 3 + tries
+        sims[rnd % 2].sim_faults(fail_next=1)
+        client.chat.completions.create(model=SIM_MODEL, max_tokens=2, temperature=0.9,
+                                       messages=[{"role": "user", "content": f"retry {rnd}"}])
+        sent += 1
+        time.sleep(1.2)  # spread the load over several scrapes
+    return sent
+
+
+def test_every_dashboard_query_returns_data_from_a_real_prometheus(servers, tmp_path):
+    sims = [servers.sim(), servers.sim()]
+    tenants = [{"name": "load", "key_sha256": hashlib.sha256(KEY.encode()).hexdigest()},
+               {"name": "tiny", "key_sha256": hashlib.sha256(TINY_KEY.encode()).hexdigest(),
+                "requests_per_minute": 1}]
+    gw = servers.gateway({"auth": {"tenants": tenants}, "server": {"max_body_bytes": 256 * 1024}},
+                         backends=sims, workers=2)
+    prom_proc, prom = _prometheus(tmp_path, gw.port, [s.port for s in sims])
+    try:
+        # both targets up before the load, so every counter's first increase is seen
+        deadline = time.time() + 20
+        while time.time() < deadline and len([r for r in _query(prom, "up == 1")]) < 3:
+            time.sleep(0.25)
+        assert len(_query(prom, "up == 1")) == 3, _query(prom, "up")
+
+        sent = _load(gw.url, sims)
+
+        deadline = time.time() + 20
+        seen = 0.0
+        while time.time() < deadline:
+            res = _query(prom, "sum(vlm_gateway_requests_total)")
+            seen = float(res[0]["value"][1]) if res else 0.0
+            if seen >= sent:
+                break
+            time.sleep(0.25)
+        assert seen == sent, f"Prometheus saw {seen} requests, the load sent {sent}"
+        time.sleep(2.5)  # a few more scrapes after the last increase
+
+        problems = []
+        queries = build_dashboard.queries(json.loads((ROOT / "grafana/dashboards/vlm-gateway.json").read_text()))
+        assert len(queries) >= 30
+        for title, expr in queries:
+            result = _query(prom, expr.replace("$__rate_interval", RATE_WINDOW))
+            values = [float(r["value"][1]) for r in result]
+            if not any(math.isfinite(v) for v in values):
+                problems.append(f"{title}: {expr} -> {values or 'no series'}")
+        assert not problems, "panels without data:\n" + "\n".join(problems)
+
+        levels = {r["metric"].get("level") for r in _query(prom, build_dashboard.CACHE_RATIO
+                                                            .replace("$__rate_interval", RATE_WINDOW))}
+        levels |= {r["metric"].get("level") for r in _query(prom, build_dashboard.L2_AFFINITY
+                                                             .replace("$__rate_interval", RATE_WINDOW))}
+        assert {"l1", "l2", "l3_exact", "l3_normalized"} <= levels, levels
+        statuses = {r["metric"]["status"] for r in _query(prom, "sum by (status) (vlm_gateway_rejections_total)")}
+        assert {"400", "404", "413", "429"} <= statuses, statuses
+
+        # alert rules evaluate cleanly against the same data
+        rules = httpx.get(prom + "/api/v1/rules", timeout=10).json()["data"]["groups"]
+        evaluated = [r for g in rules for r in g["rules"]]
+        assert len(evaluated) >= 6
+        assert all(r["health"] == "ok" for r in evaluated), [(r["name"], r.get("lastError")) for r in evaluated]
+    finally:
+        prom_proc.terminate()
+        prom_proc.wait(10)
