@@ -68,8 +68,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from .backends.sim import SimEngine, create_sim_app
     from .backends.sim.profiles import get_profile
     _setup_logging("info", "text")
@@ -81,8 +79,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     log.warning("vlm-gateway SIMULATOR (test instrument, generates filler text), profile %s, engine %s, "
                 "model %s, on http://%s:%d", prof.name, args.engine, args.model, args.host, args.port)
     app = create_sim_app(SimEngine(prof, engine=args.engine), args.model, echo=args.echo)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                loop="uvloop", http="httptools")
+    from .backends.sim.serve import serve
+    serve(app, args.host, args.port)   # uvicorn, plus the refuse_connections fault
     return 0
 
 

@@ -1,9 +1,30 @@
 """The simulator's HTTP surface: an OpenAI-compatible server shaped like vLLM's.
 
-It is a test instrument: its text is filler (or an echo of the last user text in
-echo mode), never a model's answer. Test-only endpoints live under ``/sim/``:
-``GET /sim/requests`` (bodies received, newest last), ``GET /sim/stats``
-(counters incl. aborted requests), ``POST /sim/faults`` (arm fault modes).
+It is a test instrument: its text is filler (or, in echo mode, the last user
+text followed by filler), never a model's answer. ``usage`` reports the
+simulated prompt tokens (text estimate + real visual tokens of each image) and
+``prompt_tokens_details.cached_tokens`` the prefix-cache hit.
+
+Test-only endpoints under ``/sim/``:
+- ``GET /sim/requests``: request bodies received, oldest first (the last 256, and
+  at most ~128 MB of them);
+- ``GET /sim/prompts``: per request what the simulator made of it (prompt and
+  cached tokens, each image's size, visual tokens and sha256);
+- ``GET /sim/stats``: running / waiting / preprocessing / finished / aborted /
+  received counters, prefix-cache counters and KV usage;
+- ``POST /sim/faults``: arm fault modes, JSON object of:
+  ``fail_next`` (count) + ``fail_status`` (500, 503, ...): answer with an error;
+  ``stall_next`` (count) + ``stall_s``: wait that long before the first token;
+  ``die_mid_stream`` (count): cut the connection halfway through a stream;
+  ``malformed_next`` (count): broken JSON (non-streaming) / a broken SSE event;
+  ``html_next`` (count): an HTML error page with status 200;
+  ``refuse_connections`` (seconds): close the listening socket and cut open
+  connections for that long (only when served by serve.py: the CLI, the
+  embedded thread);
+  ``reset``: clear received bodies and counters; ``reset_cache``: drop cached
+  prefix blocks and the multimodal processor cache;
+- ``GET|POST /sim/config``: the profile in use; POST ``time_scale`` changes the
+  speed at run time, ``reset_cache`` as above.
 """
 
 from __future__ import annotations
@@ -14,6 +35,7 @@ import time
 import uuid
 from collections import deque
 
+import httpx
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -21,13 +43,21 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from .engine import SimEngine
+from .prompt import PromptError, build_prompt, image_urls
 
 WORDS = ("lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore "
          "et dolore magna aliqua").split()
+KEEP_BYTES = 128 << 20
+FETCH_LIMIT = 64 << 20
+OFFLOAD_BYTES = 256 << 10      # bodies larger than this are parsed off the event loop
 
 
 def _json(data, status=200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _error(message: str, status: int, etype: str = "BadRequestError", param: str | None = None) -> Response:
+    return _json({"error": {"message": message, "type": etype, "param": param, "code": status}}, status)
 
 
 def _last_user_text(body: dict) -> str:
@@ -42,16 +72,42 @@ def _last_user_text(body: dict) -> str:
     return p if isinstance(p, str) else ""
 
 
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+async def _fetch_images(urls: list[str]) -> dict[str, bytes]:
+    remote = [u for u in urls if not u.startswith("data:")]
+    if not remote:
+        return {}
+    for u in remote:
+        if not u.startswith(("http://", "https://")):
+            raise PromptError(f"unsupported image URL scheme: {u[:40]}")
+    out: dict[str, bytes] = {}
+    async with httpx.AsyncClient(timeout=30, follow_redirects=True) as client:
+        for u in dict.fromkeys(remote):
+            try:
+                r = await client.get(u)
+            except httpx.HTTPError as e:
+                raise PromptError(f"cannot fetch image {u[:80]}: {e}") from None
+            if r.status_code != 200:
+                raise PromptError(f"cannot fetch image {u[:80]}: HTTP {r.status_code}")
+            if len(r.content) > FETCH_LIMIT:
+                raise PromptError(f"image too large: {u[:80]}")
+            out[u] = r.content
+    return out
 
 
 def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: bool = False,
                    keep_requests: int = 256) -> Starlette:
-    received: deque = deque(maxlen=keep_requests)
+    received: deque = deque()
+    received_bytes = [0]
+    prompts: deque = deque(maxlen=keep_requests)
     faults: dict = {"fail_next": 0, "fail_status": 500, "stall_s": 0.0, "stall_next": 0,
-                    "die_mid_stream": 0, "malformed_next": 0, "html_next": 0}
+                    "die_mid_stream": 0, "malformed_next": 0, "html_next": 0, "refuse_connections": 0}
+    max_len = engine.profile.max_model_len
+
+    def remember(body: dict, size: int) -> None:
+        received.append((body, size))
+        received_bytes[0] += size
+        while len(received) > keep_requests or (received_bytes[0] > KEEP_BYTES and len(received) > 1):
+            received_bytes[0] -= received.popleft()[1]
 
     def tokens_for(body: dict, n: int) -> list[str]:
         words: list[str] = []
@@ -71,31 +127,53 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
     async def completions(request: Request) -> Response:
         raw = await request.body()
         try:
-            body = orjson.loads(raw)
+            body = orjson.loads(raw) if len(raw) < OFFLOAD_BYTES else await asyncio.to_thread(orjson.loads, raw)
         except orjson.JSONDecodeError:
-            return _json({"error": {"message": "invalid JSON", "type": "BadRequestError", "code": 400}}, 400)
-        received.append(body)
+            return _error("invalid JSON body", 400)
+        if not isinstance(body, dict):
+            return _error("the body must be a JSON object", 400)
+        remember(body, len(raw))
         chat = request.url.path.endswith("/chat/completions")
         if body.get("model") != model_name:
-            return _json({"error": {"message": f"The model `{body.get('model')}` does not exist.",
-                                    "type": "NotFoundError", "param": "model", "code": 404}}, 404)
+            return _error(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError", "model")
         if take("fail_next"):
-            return _json({"error": {"message": "injected failure", "type": "InternalServerError",
-                                    "code": faults["fail_status"]}}, faults["fail_status"])
+            return _error("injected failure (simulator fault)", faults["fail_status"], "InternalServerError")
         if take("html_next"):
             return Response(b"<html><body><h1>502 Bad Gateway</h1></body></html>", status_code=200,
                             media_type="text/html")
+        if chat and not isinstance(body.get("messages"), list):
+            return _error("messages: field required", 400, param="messages")
+        try:
+            fetched = await _fetch_images(image_urls(body)) if chat else {}
+            spec = (build_prompt(body, fetched) if len(raw) < OFFLOAD_BYTES
+                    else await asyncio.to_thread(build_prompt, body, fetched))
+        except PromptError as e:
+            engine.rejected += 1
+            return _error(str(e), 400)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = 16
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            return _error("max_tokens must be a positive integer", 400, param="max_tokens")
+        if spec.num_tokens + max_tokens > max_len:
+            engine.rejected += 1
+            return _error(f"This model's maximum context length is {max_len} tokens. However, you requested "
+                          f"{spec.num_tokens + max_tokens} tokens ({spec.num_tokens} in the messages, "
+                          f"{max_tokens} in the completion). Please reduce the length of the messages or "
+                          f"completion.", 400, param="max_tokens")
         stall = faults["stall_s"] if take("stall_next") else 0.0
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
         stream = bool(body.get("stream"))
         so = body.get("stream_options") or {}
-        include_usage = bool(stream and so.get("include_usage"))
+        include_usage = bool(stream and isinstance(so, dict) and so.get("include_usage"))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
-        job = engine.submit(body)
-        toks = tokens_for(body, int(max_tokens))
+        toks = tokens_for(body, max_tokens)
         die_mid = take("die_mid_stream")
         malformed = take("malformed_next")
+        job = engine.submit(spec, max_tokens)
+        prompts.append({"id": rid, "prompt_tokens": spec.num_tokens, "images": [
+            {"width": im.width, "height": im.height, "tokens": im.tokens, "sha256": im.digest.hex()}
+            for im in spec.images], "job": job})
 
         def usage() -> dict:
             return {"prompt_tokens": job.prompt_tokens, "completion_tokens": job.generated,
@@ -103,27 +181,19 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
                     "prompt_tokens_details": {"cached_tokens": job.cached_tokens}}
 
         if not stream:
-            async def work() -> None:
+            try:
                 if stall:
                     await asyncio.sleep(stall)
-                async for _ in job.run(len(toks)):
+                async for _ in job.run():
                     pass
-
-            # like vLLM's with_cancellation: a client that hangs up aborts the request
-            task = asyncio.ensure_future(work())
-            gone = asyncio.ensure_future(_disconnected(request))
-            try:
-                await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                gone.cancel()
-            if not task.done():
-                task.cancel()
+            except asyncio.CancelledError:
                 engine.abort(job)
-                return Response(b"", status_code=499)
-            task.result()
+                raise
+            if job.aborted:
+                return _error("request aborted", 499)
             if malformed:
                 return Response(b'{"id": "broken", "choices": [', media_type="application/json")
-            text = "".join(toks)
+            text = "".join(toks[:job.generated])
             if chat:
                 choice = {"index": 0, "message": {"role": "assistant", "content": text},
                           "logprobs": None, "finish_reason": "length"}
@@ -146,16 +216,16 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
             return b"data: " + orjson.dumps(o) + b"\n\n"
 
         async def gen():
+            done = False
             try:
                 if stall:
                     await asyncio.sleep(stall)
-                first = True
                 i = 0
-                async for _ in job.run(len(toks)):
-                    if first and chat:
+                async for _ in job.run():
+                    if i == 0 and chat:
                         yield chunk({"role": "assistant", "content": ""})
-                    first = False
                     if die_mid and i >= len(toks) // 2:
+                        engine.abort(job)
                         raise ConnectionAbortedError("injected: die mid-stream")
                     if malformed and i == 1:
                         yield b"data: {not json\n\n"
@@ -167,37 +237,79 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
                          "created": created, "model": model_name, "choices": [], "usage": usage()}
                     yield b"data: " + orjson.dumps(o) + b"\n\n"
                 yield b"data: [DONE]\n\n"
-            except (asyncio.CancelledError, GeneratorExit):
-                engine.abort(job)
-                raise
+                done = True
+            finally:
+                if not done:
+                    engine.abort(job)        # client went away (or injected death): free the slot
 
         return StreamingResponse(gen(), media_type="text/event-stream")
 
     async def models(request: Request) -> Response:
         return _json({"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
-                                                  "owned_by": "vlm-gateway-simulator", "max_model_len":
-                                                  engine.profile.max_model_len}]})
+                                                  "owned_by": "vlm-gateway-simulator", "root": model_name,
+                                                  "max_model_len": max_len}]})
 
     async def health(request: Request) -> Response:
         return Response(b"", status_code=200)
 
     async def metrics(request: Request) -> Response:
-        return Response(engine.render_metrics(model_name), media_type="text/plain; version=0.0.4")
+        return Response(engine.render_metrics(model_name), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def sim_requests(request: Request) -> Response:
-        return _json(list(received))
+        return _json([b for b, _ in received])
+
+    async def sim_prompts(request: Request) -> Response:
+        out = []
+        for p in prompts:
+            job = p["job"]
+            out.append({k: v for k, v in p.items() if k != "job"} | {
+                "cached_tokens": job.cached_tokens, "state": job.state, "generated": job.generated})
+        return _json(out)
+
+    async def sim_config(request: Request) -> Response:
+        try:
+            upd = orjson.loads(await request.body() or b"{}")
+        except orjson.JSONDecodeError:
+            return _error("invalid JSON body", 400)
+        if "time_scale" in upd:
+            ts = upd["time_scale"]
+            if not isinstance(ts, (int, float)) or ts <= 0:
+                return _error("time_scale must be a positive number", 400, param="time_scale")
+            engine.profile.time_scale = float(ts)
+        if upd.get("reset_cache"):
+            engine.cache.reset()
+            engine.mm_cache.clear()
+        p = engine.profile
+        return _json({"profile": p.name, "time_scale": p.time_scale, "max_num_seqs": p.max_num_seqs,
+                      "max_model_len": p.max_model_len, "kv_capacity_tokens": p.kv_capacity_tokens})
 
     async def sim_stats(request: Request) -> Response:
         return _json(engine.stats())
 
     async def sim_faults(request: Request) -> Response:
-        upd = orjson.loads(await request.body() or b"{}")
+        try:
+            upd = orjson.loads(await request.body() or b"{}")
+        except orjson.JSONDecodeError:
+            return _error("invalid JSON body", 400)
         for k, v in upd.items():
-            if k in faults:
+            if k in faults and k != "refuse_connections":
                 faults[k] = v
         if upd.get("reset"):
             received.clear()
+            received_bytes[0] = 0
+            prompts.clear()
             engine.reset_stats()
+        if upd.get("reset_cache"):
+            engine.cache.reset()
+            engine.mm_cache.clear()
+        refuse = upd.get("refuse_connections")
+        if refuse:
+            ctl = getattr(request.app.state, "listen_control", None)
+            if ctl is None:
+                return _error("refuse_connections needs the simulator served by vlm_gateway.backends.sim.serve",
+                              501)
+            seconds = 1.0 if refuse is True else float(refuse)
+            asyncio.get_running_loop().create_task(ctl.refuse_for(seconds))
         return _json(faults)
 
     return Starlette(routes=[
@@ -207,6 +319,8 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/sim/requests", sim_requests, methods=["GET"]),
+        Route("/sim/prompts", sim_prompts, methods=["GET"]),
         Route("/sim/stats", sim_stats, methods=["GET"]),
         Route("/sim/faults", sim_faults, methods=["POST"]),
+        Route("/sim/config", sim_config, methods=["GET", "POST"]),
     ])

@@ -8,10 +8,9 @@ import socket
 import threading
 import time
 
-import uvicorn
-
 from .app import create_sim_app
 from .engine import SimEngine, SimProfile
+from .serve import make_server
 
 SIM_MODEL = "qwen3vl-sim"
 
@@ -30,9 +29,7 @@ def start_in_thread(profile: SimProfile, port: int | None = None) -> str:
     def run() -> None:
         async def main() -> None:
             engine = SimEngine(profile)
-            config = uvicorn.Config(create_sim_app(engine, SIM_MODEL), host="127.0.0.1", port=port,
-                                    log_level="warning", lifespan="off", access_log=False)
-            server = uvicorn.Server(config)
+            server = make_server(create_sim_app(engine, SIM_MODEL), "127.0.0.1", port)
             server.install_signal_handlers = lambda: None  # the main thread owns signals
             task = asyncio.ensure_future(server.serve())
             while not server.started:

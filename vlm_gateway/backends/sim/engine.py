@@ -1,94 +1,448 @@
-"""Simulated engine: scheduling and timing (minimal model; see profiles)."""
+"""The simulated engine: vLLM's request path, timed by a profile.
+
+Two stages, both running as asyncio tasks on the server's event loop:
+
+1. **API-server CPU** (one FIFO worker, like vLLM's single API-server process):
+   every request pays ``cpu_base_s`` plus, per image, ``cpu_decode_s_per_mpx`` x
+   source megapixels (decode + hash, always) and ``cpu_preproc_s_per_mpx`` x source
+   megapixels (resize/normalise/patchify; skipped when the same image was
+   processed recently, vLLM's multimodal processor cache). All of it is
+   multiplied by ``1 + cpu_contention x (requests in the server - 1)``: the same
+   process also streams every running request's tokens, so preprocessing slows
+   down as concurrency grows (that is what makes the measured 1080p throughput
+   drop from concurrency 16 to 64).
+2. **Engine steps** (continuous batching with chunked prefill, vLLM V1): each
+   step schedules one token for every decoding sequence, then prefill chunks of
+   the running, then the waiting requests (FIFO) within ``max_num_batched_tokens``;
+   at most ``max_num_seqs`` run at once and a request is admitted only when the
+   KV pool can hold it. A prompt's cached prefix (prefix_cache.py) is not
+   prefilled, and an image whose tokens are all cached is not encoded again.
+   Step time::
+
+       (step_base_s + step_seq_s * seqs + kv_read_s_per_ktok * decode context/1000
+        + prefill_s_per_ktok * prefill tokens/1000
+        + sum over images encoded this step (vit_s_per_ktok * t + vit_quad_s_per_ktok2 * t^2), t = ktokens)
+       * (1 + step_contention * (requests in the server - 1))
+
+   Every sequence of the step gets its token at the end of the step (the first
+   token comes with the step that completes the prefill), so prefill of one
+   request stretches the decode of all others and concurrent prefills share the
+   GPU, as on the real engine. The ViT's quadratic term is its full attention
+   over the image's patches; it dominates for 12 MP photos.
+
+The timing constants live in profiles.yaml (fit and reproduction table:
+docs/benchmarks/simulator.md, benchmarks/sim_calibration.py). ``time_scale``
+multiplies every delay (0.1 = ten times faster than real time); reported
+latencies (metrics) are wall-clock seconds.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import time
-from dataclasses import dataclass, field
+import itertools
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field, fields
 
-from ...vision_tokens import estimate_text_tokens
+from .metrics_text import E2E_BUCKETS, TTFT_BUCKETS, Histogram
+from .prefix_cache import Allocation, PrefixCache
+from .prompt import BLOCK_SIZE, PromptSpec
 
 
 @dataclass
 class SimProfile:
     name: str = "default"
-    max_num_seqs: int = 64
+    max_num_seqs: int = 1024
     max_model_len: int = 16384
-    ttft_base_s: float = 0.02
-    prefill_tokens_per_s: float = 50000.0
-    decode_tokens_per_s: float = 100.0
+    max_num_batched_tokens: int = 8192
+    kv_capacity_tokens: int = 900_000
+    enable_prefix_caching: bool = True
+    mm_cache_items: int = 256
+    # API-server CPU stage
+    request_latency_s: float = 0.0    # pure delay before preprocessing (HTTP, parsing: in parallel)
+    cpu_base_s: float = 0.0
+    cpu_decode_s_per_mpx: float = 0.0
+    cpu_preproc_s_per_mpx: float = 0.0
+    cpu_contention: float = 0.0
+    cpu_token_s: float = 0.0          # API-server time to stream one token (delays preprocessing)
+    ipc_s_per_ktok: float = 0.0       # hand-over of processed images to the engine process
+    # engine step
+    step_base_s: float = 0.0
+    step_seq_s: float = 0.0
+    kv_read_s_per_ktok: float = 0.0
+    prefill_s_per_ktok: float = 0.0
+    vit_base_s: float = 0.0
+    vit_s_per_ktok: float = 0.0
+    vit_quad_s_per_ktok2: float = 0.0
+    step_contention: float = 0.0
+    # overrides
+    decode_tokens_per_s: float | None = None   # single-sequence decode rate; sets step_base_s
     time_scale: float = 1.0
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.decode_tokens_per_s:
+            self.step_base_s = max(0.0, 1.0 / self.decode_tokens_per_s - self.step_seq_s)
+
+    @classmethod
+    def from_dict(cls, name: str, d: dict) -> "SimProfile":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known - {"base", "speed"}
+        if unknown:
+            raise ValueError(f"simulator profile {name!r}: unknown keys {sorted(unknown)}")
+        return cls(name=name, **{k: v for k, v in d.items() if k in known and k != "name"})
 
 
-@dataclass
 class Job:
-    prompt_tokens: int
-    cached_tokens: int = 0
-    generated: int = 0
-    engine: "SimEngine" = field(default=None, repr=False)
-    aborted: bool = False
+    """One request inside the simulator."""
 
-    async def run(self, n: int):
-        e = self.engine
-        p = e.profile
-        e.waiting += 1
-        try:
-            await e.slots.acquire()
-        finally:
-            e.waiting -= 1
-        e.running += 1
-        try:
-            prefill = (p.ttft_base_s + (self.prompt_tokens - self.cached_tokens) / p.prefill_tokens_per_s)
-            await asyncio.sleep(prefill * p.time_scale)
-            dt = p.time_scale / p.decode_tokens_per_s
-            for _ in range(n):
-                self.generated += 1
-                yield self.generated
-                await asyncio.sleep(dt)
-            e.finished += 1
-            e.prompt_tokens_total += self.prompt_tokens
-            e.generation_tokens_total += self.generated
-        finally:
-            e.running -= 1
-            e.slots.release()
+    _ids = itertools.count(1)
+
+    def __init__(self, engine: "SimEngine", spec: PromptSpec, max_tokens: int) -> None:
+        self.id = next(self._ids)
+        self.engine = engine
+        self.spec = spec
+        self.max_tokens = max(1, int(max_tokens))
+        self.state = "preprocessing"
+        self.computed = 0           # prompt tokens with KV in the cache
+        self.cached_tokens = 0      # prefix-cache hit at admission
+        self.generated = 0
+        self.alloc: Allocation | None = None
+        self.encoded: set[int] = set()
+        self.needs_transfer = False
+        self.transfer_ktok = 0.0
+        self.t_arrival = engine.now()
+        self.t_first: float | None = None
+        self._queue: asyncio.Queue[int] = asyncio.Queue()
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.spec.num_tokens
+
+    @property
+    def aborted(self) -> bool:
+        return self.state == "aborted"
+
+    def _push(self, n: int) -> None:
+        self._queue.put_nowait(n)
+
+    async def run(self, n: int | None = None):
+        """Yield once per generated token (``n`` is accepted for compatibility)."""
+        emitted = 0
+        while emitted < self.max_tokens:
+            got = await self._queue.get()
+            if got < 0:
+                return
+            for _ in range(got):
+                emitted += 1
+                yield emitted
+
+
+class _SerialStage:
+    """One FIFO worker (a single-threaded process): jobs are served one at a
+    time, each for ``cost(job)`` seconds plus any ``debt`` that other work on the
+    same thread (token streaming) added meanwhile."""
+
+    def __init__(self, engine: "SimEngine", name: str, cost, nxt) -> None:
+        self.engine = engine
+        self.name = name
+        self.cost = cost
+        self.nxt = nxt
+        self.queue: deque[Job] = deque()
+        self.debt = 0.0
+        self.wake = asyncio.Event()
+
+    def put(self, job: Job) -> None:
+        job.state = self.name
+        self.queue.append(job)
+        self.wake.set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        clock = _Pacer(loop)
+        while True:
+            scale = self.engine.profile.time_scale
+            if not self.queue:
+                self.wake.clear()
+                await self.wake.wait()
+                clock.idle()
+                self.debt = 0.0              # streaming done while idle delayed nobody
+                continue
+            job = self.queue[0]
+            await clock.sleep(self.cost(job) * scale)
+            while self.debt > 1e-9:
+                d, self.debt = self.debt, 0.0
+                await clock.sleep(d * scale)
+            if job.state != self.name:
+                continue                     # aborted meanwhile (already removed)
+            self.queue.popleft()
+            self.nxt(job)
 
 
 class SimEngine:
     def __init__(self, profile: SimProfile, engine: str = "vllm") -> None:
         self.profile = profile
         self.engine = engine
-        self.slots = asyncio.Semaphore(profile.max_num_seqs)
+        self.cache = PrefixCache(profile.kv_capacity_tokens // BLOCK_SIZE, profile.enable_prefix_caching)
+        self.mm_cache: OrderedDict[bytes, None] = OrderedDict()
+        self.arriving: list[Job] = []
+        self.api = _SerialStage(self, "preprocessing", self._api_cost, self._after_api)
+        self.ipc = _SerialStage(self, "transfer", self._ipc_cost, self._enqueue)
+        self.waiting: deque[Job] = deque()
+        self.running: list[Job] = []
+        self._wake_step: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task] = []
         self.reset_stats()
 
+    # -- counters -------------------------------------------------------------
     def reset_stats(self) -> None:
-        self.running = getattr(self, "running", 0)
-        self.waiting = getattr(self, "waiting", 0)
         self.finished = 0
         self.aborted = 0
         self.received = 0
+        self.rejected = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.cache.queries = self.cache.hits = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)
 
-    def submit(self, body: dict) -> Job:
-        self.received += 1
-        text = body.get("prompt") if isinstance(body.get("prompt"), str) else str(body.get("messages", ""))
-        return Job(prompt_tokens=estimate_text_tokens(text), engine=self)
+    @staticmethod
+    def now() -> float:
+        return asyncio.get_running_loop().time()
 
-    def abort(self, job: Job) -> None:
-        if not job.aborted:
-            job.aborted = True
-            self.aborted += 1
+    @property
+    def preprocessing(self) -> int:
+        return len(self.arriving) + len(self.api.queue) + len(self.ipc.queue)
+
+    @property
+    def in_system(self) -> int:
+        return self.preprocessing + len(self.waiting) + len(self.running)
 
     def stats(self) -> dict:
-        return {"running": self.running, "waiting": self.waiting, "finished": self.finished,
-                "aborted": self.aborted, "received": self.received}
+        return {"running": len(self.running), "waiting": len(self.waiting),
+                "preprocessing": self.preprocessing, "finished": self.finished,
+                "aborted": self.aborted, "received": self.received, "rejected": self.rejected,
+                "prompt_tokens": self.prompt_tokens_total, "generation_tokens": self.generation_tokens_total,
+                "prefix_cache_queries": self.cache.queries, "prefix_cache_hits": self.cache.hits,
+                "prefix_cache_blocks": self.cache.cached_blocks(), "prefix_cache_evictions": self.cache.evictions,
+                "kv_cache_usage": round(self.cache.usage(), 6), "profile": self.profile.name,
+                "time_scale": self.profile.time_scale}
 
     def render_metrics(self, model: str) -> bytes:
-        lbl = f'{{model_name="{model}"}}'
-        lines = [
-            f"vllm:num_requests_running{lbl} {self.running}",
-            f"vllm:num_requests_waiting{lbl} {self.waiting}",
-            f"vllm:prompt_tokens_total{lbl} {self.prompt_tokens_total}",
-            f"vllm:generation_tokens_total{lbl} {self.generation_tokens_total}",
-        ]
-        return ("\n".join(lines) + "\n").encode()
+        from .metrics_text import render
+        return render(self, model, self.engine)
+
+    # -- request lifecycle ----------------------------------------------------
+    def submit(self, spec: PromptSpec, max_tokens: int) -> Job:
+        """Queue a request (call from the event loop that serves it)."""
+        self._ensure_tasks()
+        self.received += 1
+        job = Job(self, spec, max_tokens)
+        delay = self.profile.request_latency_s * self.profile.time_scale
+        if delay > 0:
+            job.state = "arriving"
+            self.arriving.append(job)
+            asyncio.get_running_loop().call_later(delay, self._arrive, job)
+        else:
+            self.api.put(job)
+        return job
+
+    def _arrive(self, job: Job) -> None:
+        if job.state == "arriving":
+            self.arriving.remove(job)
+            self.api.put(job)
+
+    def _after_api(self, job: Job) -> None:
+        if job.needs_transfer:
+            self.ipc.put(job)
+        else:
+            self._enqueue(job)
+
+    def _enqueue(self, job: Job) -> None:
+        job.state = "waiting"
+        self.waiting.append(job)
+        self._wake_step.set()
+
+    def abort(self, job: Job) -> None:
+        """The client went away: drop the request wherever it is and free its slot."""
+        if job.state in ("done", "aborted"):
+            return
+        prev, job.state = job.state, "aborted"
+        self.aborted += 1
+        if prev == "arriving":
+            _remove(self.arriving, job)
+        elif prev == "preprocessing":
+            _remove(self.api.queue, job)
+        elif prev == "transfer":
+            _remove(self.ipc.queue, job)
+        elif prev == "waiting":
+            _remove(self.waiting, job)
+        elif prev == "running":
+            self._release(job)
+        job._push(-1)
+        if self._wake_step:
+            self._wake_step.set()
+
+    def _release(self, job: Job) -> None:
+        if job in self.running:
+            self.running.remove(job)
+        if job.alloc is not None:
+            self.cache.release(job.alloc)
+            job.alloc = None
+
+    def _ensure_tasks(self) -> None:
+        if self._tasks and not any(t.done() for t in self._tasks):
+            return
+        for t in self._tasks:
+            t.cancel()
+        self._wake_step = asyncio.Event()
+        self.api.wake = asyncio.Event()
+        self.ipc.wake = asyncio.Event()
+        self._tasks = [asyncio.ensure_future(self.api.run()), asyncio.ensure_future(self.ipc.run()),
+                       asyncio.ensure_future(self._step_loop())]
+
+    def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        self._tasks = []
+
+    # -- stage 1: API server (CPU) and hand-over to the engine process ---------
+    def _api_cost(self, job: Job) -> float:
+        p = self.profile
+        cost = p.cpu_base_s
+        job.needs_transfer = False
+        for img in job.spec.images:
+            mpx = img.pixels / 1e6
+            cost += p.cpu_decode_s_per_mpx * mpx
+            if img.digest in self.mm_cache:
+                self.mm_cache.move_to_end(img.digest)
+            else:
+                cost += p.cpu_preproc_s_per_mpx * mpx
+                job.transfer_ktok += img.tokens / 1000.0
+                job.needs_transfer = p.ipc_s_per_ktok > 0
+                self.mm_cache[img.digest] = None
+                while len(self.mm_cache) > p.mm_cache_items:
+                    self.mm_cache.popitem(last=False)
+        return cost * (1.0 + p.cpu_contention * max(0, self.in_system - 1))
+
+    def _ipc_cost(self, job: Job) -> float:
+        return self.profile.ipc_s_per_ktok * job.transfer_ktok
+
+    # -- stage 2: engine steps ------------------------------------------------
+    def _vit_cost(self, job: Job, lo: int, hi: int) -> float:
+        p = self.profile
+        cost = 0.0
+        for i, img in enumerate(job.spec.images):
+            if i in job.encoded or img.start + img.tokens <= job.cached_tokens:
+                continue
+            if img.start < hi and img.start + img.tokens > lo:
+                job.encoded.add(i)
+                kt = img.tokens / 1000.0
+                cost += p.vit_base_s + p.vit_s_per_ktok * kt + p.vit_quad_s_per_ktok2 * kt * kt
+        return cost
+
+    def _schedule(self) -> tuple[list[Job], list[tuple[Job, int]], float]:
+        """Pick this step's work: (decoding jobs, prefill chunks, step seconds)."""
+        p = self.profile
+        decode = [j for j in self.running if j.computed >= j.spec.num_tokens]
+        budget = max(1, p.max_num_batched_tokens - len(decode))
+        chunks: list[tuple[Job, int]] = []
+        vit = 0.0
+        for j in self.running:
+            if j.computed < j.spec.num_tokens and budget > 0:
+                n = min(budget, j.spec.num_tokens - j.computed)
+                vit += self._vit_cost(j, j.computed, j.computed + n)
+                chunks.append((j, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < p.max_num_seqs:
+            j = self.waiting[0]
+            got = self.cache.admit(j.spec.block_hashes, j.spec.num_tokens, j.max_tokens)
+            if got is None:
+                break                        # KV pool full: wait for someone to finish
+            self.waiting.popleft()
+            j.alloc, j.cached_tokens = got
+            j.computed = j.cached_tokens
+            j.state = "running"
+            self.running.append(j)
+            n = min(budget, j.spec.num_tokens - j.computed)
+            vit += self._vit_cost(j, j.computed, j.computed + n)
+            chunks.append((j, n))
+            budget -= n
+        ctx = sum(j.spec.num_tokens + j.generated for j in decode)
+        pre = sum(n for _, n in chunks)
+        seqs = len(decode) + len(chunks)
+        if not seqs:
+            return decode, chunks, 0.0
+        dt = (p.step_base_s + p.step_seq_s * seqs + p.kv_read_s_per_ktok * ctx / 1000.0
+              + p.prefill_s_per_ktok * pre / 1000.0 + vit)
+        return decode, chunks, dt * (1.0 + p.step_contention * max(0, self.in_system - 1))
+
+    def _emit(self, job: Job) -> None:
+        job.generated += 1
+        if job.generated == 1:
+            job.t_first = self.now()
+            self.ttft.observe((job.t_first - job.t_arrival) / self.profile.time_scale)
+        if job.generated % BLOCK_SIZE == 0 and job.alloc is not None:
+            self.cache.grow(job.alloc)
+        job._push(1)
+        self.api.debt += self.profile.cpu_token_s
+        if job.generated >= job.max_tokens:
+            job.state = "done"
+            self._release(job)
+            self.finished += 1
+            self.prompt_tokens_total += job.spec.num_tokens
+            self.generation_tokens_total += job.generated
+            self.e2e.observe((self.now() - job.t_arrival) / self.profile.time_scale)
+
+    async def _step_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        clock = _Pacer(loop)
+        while True:
+            if not self.running and not self.waiting:
+                self._wake_step.clear()
+                await self._wake_step.wait()
+                clock.idle()
+                continue
+            decode, chunks, dt = self._schedule()
+            if not decode and not chunks:
+                # admitted nothing (KV pool full and nobody running): wait for a change
+                self._wake_step.clear()
+                await self._wake_step.wait()
+                continue
+            await clock.sleep(dt * self.profile.time_scale)
+            for j in decode:
+                if j.state == "running":
+                    self._emit(j)
+            for j, n in chunks:
+                if j.state != "running":
+                    continue
+                j.computed += n
+                if j.computed >= j.spec.num_tokens:
+                    self.cache.commit(j.alloc, j.spec.block_hashes)
+                    self._emit(j)
+
+
+class _Pacer:
+    """Sleeps on a running schedule: a step that overran (a busy event loop) is
+    absorbed by shortening the next sleeps, up to ``max_debt_s`` behind."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_debt_s: float = 0.25) -> None:
+        self.loop = loop
+        self.t: float | None = None
+        self.max_debt = max_debt_s
+
+    def idle(self) -> None:
+        self.t = None
+
+    async def sleep(self, dt: float) -> None:
+        now = self.loop.time()
+        start = now if self.t is None else max(self.t, now - self.max_debt)
+        deadline = start + dt
+        await asyncio.sleep(max(0.0, deadline - now))
+        self.t = deadline
+
+
+def _remove(q: deque, job: Job) -> None:
+    try:
+        q.remove(job)
+    except ValueError:
+        pass

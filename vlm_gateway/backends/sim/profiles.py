@@ -1,23 +1,55 @@
-"""Simulator timing profiles (minimal set; see profiles.yaml)."""
+"""Simulator profiles, read from profiles.yaml (shipped with the package)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from functools import lru_cache
+
+import yaml
 
 from .engine import SimProfile
 
-PROFILES = {
-    "h200-qwen3vl-2b": SimProfile(name="h200-qwen3vl-2b", max_num_seqs=256, ttft_base_s=0.03,
-                                  prefill_tokens_per_s=12000.0, decode_tokens_per_s=250.0),
-    "fast": SimProfile(name="fast", max_num_seqs=1024, ttft_base_s=0.0, prefill_tokens_per_s=1e12,
-                       decode_tokens_per_s=1e6),
-}
+PROFILES_PATH = os.path.join(os.path.dirname(__file__), "profiles.yaml")
+# engine-step constants a profile's `speed` divides
+GPU_KEYS = ("step_base_s", "step_seq_s", "kv_read_s_per_ktok", "prefill_s_per_ktok", "vit_s_per_ktok",
+            "vit_quad_s_per_ktok2")
+
+
+def _resolve(raw: dict, name: str, seen: tuple = ()) -> dict:
+    if name in seen:
+        raise ValueError(f"simulator profile {name!r}: base cycle {' -> '.join(seen + (name,))}")
+    entry = dict(raw[name])
+    base = entry.pop("base", None)
+    speed = float(entry.pop("speed", 1.0))
+    merged = {**(_resolve(raw, base, seen + (name,)) if base else {}), **entry}
+    if speed != 1.0:
+        for k in GPU_KEYS:
+            if k in merged and k not in entry:
+                merged[k] = merged[k] / speed
+    return merged
+
+
+@lru_cache(maxsize=1)
+def load_profiles(path: str = PROFILES_PATH) -> dict[str, SimProfile]:
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    return {name: SimProfile.from_dict(name, _resolve(raw, name)) for name in raw}
+
+
+def profile_names() -> list[str]:
+    return sorted(load_profiles())
 
 
 def get_profile(name: str, time_scale: float = 1.0, decode_tokens_per_s: float | None = None) -> SimProfile:
-    if name not in PROFILES:
-        raise KeyError(f"unknown simulator profile {name!r}; known: {', '.join(sorted(PROFILES))}")
-    p = replace(PROFILES[name], time_scale=time_scale)
+    """A copy of profile ``name`` (KeyError if unknown) at ``time_scale``; a
+    ``decode_tokens_per_s`` sets the single-sequence decode rate."""
+    profiles = load_profiles()
+    if name not in profiles:
+        raise KeyError(f"unknown simulator profile {name!r}; known: {', '.join(sorted(profiles))}")
+    if time_scale <= 0:
+        raise ValueError("time_scale must be positive")
+    p = replace(profiles[name], time_scale=time_scale, name=name)
     if decode_tokens_per_s:
-        p = replace(p, decode_tokens_per_s=decode_tokens_per_s)
+        p = replace(p, decode_tokens_per_s=decode_tokens_per_s)   # __post_init__ sets step_base_s
     return p

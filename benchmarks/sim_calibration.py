@@ -1,0 +1,124 @@
+"""Calibrate and check the simulator's ``h200-qwen3vl-2b`` profile against the
+real vLLM measurements (vlm_gateway/backends/sim/workload.py: CALIBRATION).
+
+    python benchmarks/sim_calibration.py                 # model vs measured, offline (virtual clock)
+    python benchmarks/sim_calibration.py --live 0.1      # same rows over HTTP against a spawned
+                                                         # simulator at time scale 0.1
+    python benchmarks/sim_calibration.py --fit           # refit the timing constants (needs scipy)
+
+The fit minimises the squared log-ratios of TTFT p50 and req/s over all rows,
+plus a steep penalty beyond 12% so that no single row is sacrificed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from vlm_gateway.backends.sim.profiles import get_profile  # noqa: E402
+from vlm_gateway.backends.sim.workload import CALIBRATION, run_row_http, simulate_row  # noqa: E402
+
+FIT_KEYS = ["request_latency_s", "cpu_base_s", "cpu_decode_s_per_mpx", "cpu_preproc_s_per_mpx", "cpu_token_s",
+            "ipc_s_per_ktok", "step_base_s", "step_seq_s", "kv_read_s_per_ktok", "prefill_s_per_ktok", "vit_base_s",
+            "vit_s_per_ktok", "vit_quad_s_per_ktok2"]
+
+
+def table(results) -> str:
+    lines = ["| row | TTFT p50 ms measured | simulated | ratio | req/s measured | simulated | ratio |",
+             "|---|---|---|---|---|---|---|"]
+    for row, (ttft, rps) in results:
+        lines.append(f"| {row.label} | {row.ttft_p50_ms:.0f} | {ttft:.0f} | {ttft / row.ttft_p50_ms:.2f} | "
+                     f"{row.req_per_s:.2f} | {rps:.2f} | {rps / row.req_per_s:.2f} |")
+    worst = max(max(abs(math.log(t / r.ttft_p50_ms)), abs(math.log(q / r.req_per_s))) for r, (t, q) in results)
+    lines.append(f"\nworst row off by {math.exp(worst) - 1:.1%}")
+    return "\n".join(lines)
+
+
+def loss(profile, scale=0.67) -> float:
+    total = 0.0
+    for row in CALIBRATION:
+        ttft, rps = simulate_row(profile, row, row.requests(scale))
+        for e in (math.log(ttft / row.ttft_p50_ms), math.log(rps / row.req_per_s)):
+            total += e * e + 20 * max(0.0, abs(e) - math.log(1.12)) ** 2
+    return total
+
+
+def fit(base) -> None:
+    import numpy as np
+    from scipy.optimize import minimize
+
+    x0 = np.log([max(getattr(base, k), 1e-7) for k in FIT_KEYS])
+    best = [math.inf, None]
+
+    def f(x):
+        prof = replace(base, **{k: float(math.exp(v)) for k, v in zip(FIT_KEYS, x)})
+        val = loss(prof)
+        if val < best[0]:
+            best[:] = [val, prof]
+            print(f"loss {val:.4f}", {k: round(getattr(prof, k), 7) for k in FIT_KEYS}, flush=True)
+        return val
+
+    for _ in range(3):
+        res = minimize(f, np.log([max(getattr(best[1] or base, k), 1e-7) for k in FIT_KEYS]),
+                       method="Nelder-Mead", options={"maxfev": 900, "xatol": 1e-3, "fatol": 1e-5})
+    print(table([(r, simulate_row(best[1], r)) for r in CALIBRATION]))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def live(scale: float, profile: str) -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "vlm_gateway", "sim", "--port", str(port), "--profile", profile,
+                             "--time-scale", str(scale)], start_new_session=True)
+    try:
+        import httpx
+        for _ in range(200):
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health")
+                break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        results = []
+        for row in CALIBRATION:
+            t = time.perf_counter()
+            results.append((row, asyncio.run(run_row_http(f"http://127.0.0.1:{port}/v1", "qwen3vl-sim", row,
+                                                          time_scale=scale))))
+            httpx.post(f"http://127.0.0.1:{port}/sim/faults", json={"reset_cache": True})
+            print(f"{row.label}: {results[-1][1][0]:.0f} ms, {results[-1][1][1]:.2f} req/s "
+                  f"({time.perf_counter() - t:.1f} s wall)", flush=True)
+        print(table(results))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", default="h200-qwen3vl-2b")
+    ap.add_argument("--fit", action="store_true")
+    ap.add_argument("--live", type=float, metavar="TIME_SCALE")
+    args = ap.parse_args()
+    base = get_profile(args.profile)
+    if args.fit:
+        fit(base)
+    elif args.live:
+        live(args.live, args.profile)
+    else:
+        print(table([(r, simulate_row(base, r)) for r in CALIBRATION]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The simulator's /metrics: Prometheus text with vLLM's metric names (or
+TensorRT-LLM's with ``--engine trtllm``), label ``model_name``.
+
+Written by hand rather than with prometheus_client so that a simulator running
+inside the gateway process (the embedded default) never mixes its series into
+the gateway's own registry. Latencies are in simulated seconds (wall time
+divided by the profile's time scale), so a scaled run reports what the modelled
+engine would.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+# vLLM V1's buckets
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+               240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+# our name -> (vLLM name, TensorRT-LLM name, type, help)
+NAMES = {
+    "running": ("vllm:num_requests_running", "trtllm_num_requests_running", "gauge",
+                "Number of requests in model execution batches."),
+    "waiting": ("vllm:num_requests_waiting", "trtllm_num_requests_waiting", "gauge",
+                "Number of requests waiting to be processed."),
+    "kv_usage": ("vllm:kv_cache_usage_perc", "trtllm_kv_cache_utilization", "gauge",
+                 "KV-cache usage. 1 means 100 percent usage."),
+    "pc_queries": ("vllm:prefix_cache_queries", "trtllm_prefix_cache_queries", "counter",
+                   "Prefix cache queries, in terms of number of queried tokens."),
+    "pc_hits": ("vllm:prefix_cache_hits", "trtllm_prefix_cache_hits", "counter",
+                "Prefix cache hits, in terms of number of cached tokens."),
+    "prompt_tokens": ("vllm:prompt_tokens", "trtllm_prompt_tokens", "counter", "Number of prefill tokens processed."),
+    "generation_tokens": ("vllm:generation_tokens", "trtllm_generation_tokens", "counter",
+                          "Number of generation tokens processed."),
+    "success": ("vllm:request_success", "trtllm_request_success", "counter", "Count of successfully processed requests."),
+    "aborted": ("vllm:request_aborted", "trtllm_request_aborted", "counter", "Count of aborted requests (simulator)."),
+    "ttft": ("vllm:time_to_first_token_seconds", "trtllm_time_to_first_token_seconds", "histogram",
+             "Histogram of time to first token in seconds."),
+    "e2e": ("vllm:e2e_request_latency_seconds", "trtllm_e2e_request_latency_seconds", "histogram",
+            "Histogram of e2e request latency in seconds."),
+}
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, v)] += 1
+        self.sum += v
+        self.count += 1
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render(engine, model: str, flavour: str = "vllm") -> bytes:
+    idx = 1 if flavour == "trtllm" else 0
+    lbl = f'model_name="{_esc(model)}"'
+    c = engine.cache
+    values = {
+        "running": len(engine.running), "waiting": len(engine.waiting), "kv_usage": c.usage(),
+        "pc_queries": c.queries, "pc_hits": c.hits, "prompt_tokens": engine.prompt_tokens_total,
+        "generation_tokens": engine.generation_tokens_total, "success": engine.finished,
+        "aborted": engine.aborted,
+    }
+    out: list[str] = []
+    for key, (vname, tname, kind, help_) in NAMES.items():
+        name = (vname, tname)[idx]
+        out.append(f"# HELP {name} {help_}")
+        out.append(f"# TYPE {name} {kind}")
+        if kind == "histogram":
+            h: Histogram = engine.ttft if key == "ttft" else engine.e2e
+            cum = 0
+            for le, n in zip(h.buckets, h.counts):
+                cum += n
+                out.append(f'{name}_bucket{{{lbl},le="{le}"}} {cum}')
+            out.append(f'{name}_bucket{{{lbl},le="+Inf"}} {h.count}')
+            out.append(f"{name}_sum{{{lbl}}} {h.sum}")
+            out.append(f"{name}_count{{{lbl}}} {h.count}")
+        elif kind == "counter":
+            extra = ',finished_reason="length"' if key == "success" else ""
+            out.append(f"{name}_total{{{lbl}{extra}}} {float(values[key])}")
+        else:
+            out.append(f"{name}{{{lbl}}} {float(values[key])}")
+    return ("\n".join(out) + "\n").encode()
