@@ -168,11 +168,11 @@ def _to_rgb(im: Image.Image) -> Image.Image:
         a = np.asarray(im).astype(np.uint32)
         top = 65535 if mode.startswith("I;16") or a.max(initial=0) > 255 else 255
         a8 = (a * 255 + top // 2) // top if top != 255 else a
-        return Image.fromarray(np.clip(a8, 0, 255).astype(np.uint8), "L").convert("RGB")
+        return Image.fromarray(np.clip(a8, 0, 255).astype(np.uint8)).convert("RGB")
     if mode == "F":
         a = np.asarray(im)
         scale = 255.0 if float(a.max(initial=0)) <= 1.0 else 1.0
-        return Image.fromarray(np.clip(a * scale + 0.5, 0, 255).astype(np.uint8), "L").convert("RGB")
+        return Image.fromarray(np.clip(a * scale + 0.5, 0, 255).astype(np.uint8)).convert("RGB")
     if mode == "P" or mode == "PA":
         im = im.convert("RGBA") if ("transparency" in im.info or mode == "PA") else im.convert("RGB")
         mode = im.mode

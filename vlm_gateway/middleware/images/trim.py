@@ -21,7 +21,7 @@ def content_box(im: Image.Image, tolerance: int, min_side: int = 32) -> tuple[in
         return None  # not a uniform border
     diff = ImageChops.difference(im, Image.new(im.mode, im.size, bg))
     if tolerance > 0:
-        diff = diff.point([0] * (tolerance + 1) + [255] * (255 - tolerance))
+        diff = diff.point(([0] * (tolerance + 1) + [255] * (255 - tolerance)) * len(diff.getbands()))
     box = diff.getbbox()
     if box is None or box == (0, 0, w, h):
         return None  # blank image or no border

@@ -1,0 +1,214 @@
+"""Decode / trim / resize / encode on a generated corpus, quality and determinism."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vlm_gateway.middleware.images import Policy, rewrite_bytes
+from vlm_gateway.middleware.images import corpus as C
+from vlm_gateway.middleware.images.decode import ImageError, decode, probe
+from vlm_gateway.middleware.images.quality import lanczos_reference, psnr
+from vlm_gateway.middleware.images.source import decode_data_uri
+from vlm_gateway.middleware.images.trim import content_box
+from vlm_gateway.vision_tokens import visual_tokens
+
+P = Policy()
+
+
+def out_image(r) -> Image.Image:
+    return Image.open(io.BytesIO(r.data))
+
+
+def test_baseline_jpeg_1080p_to_token_grid():
+    r = rewrite_bytes(C.photo_jpeg(1920, 1080))
+    assert (r.width, r.height) == (768, 448)
+    assert r.tokens_before == 2040 and r.tokens_after == 336
+    assert r.mime == "image/jpeg" and r.url.startswith("data:image/jpeg;base64,")
+    assert out_image(r).size == (768, 448) and out_image(r).mode == "RGB"
+
+
+@pytest.mark.parametrize("w,h,progressive", [(1920, 1080, False), (1920, 1080, True), (1280, 720, False),
+                                             (4032, 3024, False)])
+def test_psnr_against_float64_lanczos_reference(w, h, progressive):
+    src = C.photo_jpeg(w, h, progressive=progressive)
+    r = rewrite_bytes(src)
+    assert max(r.width, r.height) <= 768 and r.width % 32 == 0 and r.height % 32 == 0
+    full = np.asarray(Image.open(io.BytesIO(src)).convert("RGB"))
+    ref = lanczos_reference(full, r.width, r.height)
+    assert psnr(np.asarray(out_image(r).convert("RGB")), ref) >= 31.0
+
+
+def test_deterministic_output():
+    src = C.photo_jpeg(1920, 1080)
+    a, b = rewrite_bytes(src), rewrite_bytes(src)
+    assert a.data == b.data and a.url == b.url
+    s = C.screenshot_png()
+    assert rewrite_bytes(s).data == rewrite_bytes(s).data
+
+
+def test_small_image_passes_through_untouched():
+    src = C.photo_jpeg(500, 300)
+    r = rewrite_bytes(src)
+    assert r.passthrough and r.url is None and r.data is src
+    assert r.tokens_before == r.tokens_after == 144
+
+
+def test_policy_off_and_budgets():
+    src = C.photo_jpeg(1920, 1080)
+    assert rewrite_bytes(src, Policy(enabled=False)).passthrough
+    r = rewrite_bytes(src, Policy(max_long_side=448))
+    assert max(r.width, r.height) <= 448
+    r = rewrite_bytes(src, Policy(max_long_side=1280))
+    assert (r.width, r.height) == (1280, 704)
+    # Qwen2.5-VL grid
+    r = rewrite_bytes(src, Policy(grid_factor=28))
+    assert r.width % 28 == 0 and r.height % 28 == 0 and max(r.width, r.height) <= 768
+    assert r.tokens_after == visual_tokens(r.width, r.height, 28)
+
+
+def test_screenshot_margins_trimmed_and_flat_output_lossless():
+    r = rewrite_bytes(C.screenshot_png())
+    assert r.trimmed
+    # content 1200x900 of the 1920x1080 frame -> 768 long side, aspect of the content kept
+    assert r.width == 768 and abs(r.width / r.height - 1200 / 900) < 0.1
+    im = np.asarray(out_image(r).convert("RGB"))
+    assert (im[0] != 255).any()  # the window border reaches the top edge: no white margin left
+
+
+def test_letterbox_trimmed_content_kept():
+    r = rewrite_bytes(C.letterboxed_jpeg())
+    assert r.trimmed
+    assert abs(r.width / r.height - 1920 / 800) < 0.1
+    im = np.asarray(out_image(r).convert("L")).astype(int)
+    assert im[2].mean() > 40 and im[-3].mean() > 40  # no black bar left
+
+
+def test_trim_refuses_non_uniform_border():
+    a = C.photo_array(800, 600)
+    assert content_box(Image.fromarray(a), 8) is None
+    # white margin only on the left: corners disagree -> no trim
+    b = np.full((600, 800, 3), 255, np.uint8)
+    b[:, 200:] = 30
+    assert content_box(Image.fromarray(b), 8) is None
+
+
+def test_trim_never_cuts_a_faint_single_pixel():
+    a = np.full((600, 800, 3), 255, np.uint8)
+    a[100:500, 100:700] = 0
+    a[590, 795] = (230, 255, 255)  # content differing by 25 > tolerance, near the corner
+    assert content_box(Image.fromarray(a), 8) == (100, 100, 796, 591)
+
+
+def test_exif_rotation_applied():
+    r = rewrite_bytes(C.exif_rotated_jpeg(1600, 1000, orientation=6))
+    assert r.height > r.width  # displayed portrait
+    im = np.asarray(out_image(r).convert("RGB")).astype(int)
+    # orientation 6 = rotate 90 cw for display: stored left (red) ends on top
+    top, bottom = im[: r.height // 4].mean(axis=(0, 1)), im[-r.height // 4:].mean(axis=(0, 1))
+    assert top[0] > 150 and top[2] < 80
+    assert bottom[2] > 150 and bottom[0] < 80
+
+
+def test_cmyk_converted_to_rgb():
+    r = rewrite_bytes(C.cmyk_jpeg(rgb=(200, 60, 30)))
+    px = np.asarray(out_image(r).convert("RGB")).astype(int).reshape(-1, 3).mean(axis=0)
+    assert np.abs(px - (200, 60, 30)).max() < 12
+
+
+def test_flat_chart_goes_out_lossless():
+    im = Image.new("RGB", (1600, 1000), (255, 255, 255))
+    from PIL import ImageDraw
+    d = ImageDraw.Draw(im)
+    for i, c in enumerate([(200, 40, 40), (40, 160, 40), (40, 40, 200), (230, 180, 0)]):
+        d.rectangle([100 + i * 350, 900 - 180 * (i + 1), 350 + i * 350, 900], fill=c)
+    d.rectangle([0, 0, 1599, 999], outline=(0, 0, 0), width=4)
+    r = rewrite_bytes(C.save(im, "PNG"))
+    assert r.mime == "image/png" and r.url.startswith("data:image/png;base64,")
+
+
+def test_palette_transparency_composited_on_white():
+    r = rewrite_bytes(C.palette_png_transparent(), Policy(trim_borders=False))
+    im = np.asarray(out_image(r).convert("RGB")).astype(int)
+    # corners white (transparent), centre green
+    assert (im[0, 0] > 245).all()
+    c = im[im.shape[0] // 2, im.shape[1] // 2]
+    assert c[1] > 140 and c[0] < 30
+
+
+def test_palette_transparency_trimmed_square():
+    r = rewrite_bytes(C.palette_png_transparent())
+    assert r.trimmed  # white composite -> uniform border around the green square
+
+
+def test_16bit_gray_scaled_not_clipped():
+    src = C.png16_gray()
+    im, _ = decode(src, "png")
+    a = np.asarray(im).astype(int)
+    assert im.mode == "RGB"
+    assert a[:, 0].max() < 5 and a[:, -1].min() > 250 and 100 < a[:, a.shape[1] // 2, 0].mean() < 155
+
+
+@pytest.mark.parametrize("make,fmt", [(C.gray_jpeg, "jpeg"), (C.webp, "webp"), (C.bmp, "bmp"), (C.tiff, "tiff")])
+def test_other_formats(make, fmt):
+    src = make()
+    assert probe(src, 64_000_000).format == fmt
+    r = rewrite_bytes(src)
+    assert max(r.width, r.height) == 768 and out_image(r).mode == "RGB"
+
+
+def test_animated_gif_first_frame():
+    r = rewrite_bytes(C.animated_gif())
+    px = np.asarray(out_image(r).convert("RGB")).astype(int)[10, 10]
+    assert px[0] > 200 and px[1] < 40 and px[2] < 40
+
+
+@pytest.mark.parametrize("data,code", [
+    (b"", "image_empty"),
+    (C.TEXT_AS_IMAGE, "unsupported_image_format"),
+    (C.SVG, "unsupported_image_format"),
+    (C.bomb_png(), "image_too_large"),
+])
+def test_hostile_inputs_refused_at_probe(data, code):
+    with pytest.raises(ImageError) as e:
+        rewrite_bytes(data)
+    assert e.value.code == code
+
+
+def test_bomb_is_cheap():
+    import time
+    bomb = C.bomb_png(30000)
+    assert len(bomb) < 10_000
+    t0 = time.perf_counter()
+    with pytest.raises(ImageError):
+        rewrite_bytes(bomb)
+    assert time.perf_counter() - t0 < 0.05
+
+
+def test_truncated_jpeg_refused():
+    src = C.photo_jpeg(1920, 1080)
+    with pytest.raises(ImageError) as e:
+        rewrite_bytes(src[: len(src) // 2])
+    assert e.value.code == "image_corrupt"
+
+
+def test_base64_with_newlines():
+    import base64
+    src = C.photo_jpeg(600, 400)
+    b64 = base64.encodebytes(src).decode()  # 76-char lines
+    assert "\n" in b64
+    assert decode_data_uri("data:image/jpeg;base64," + b64) == src
+    with pytest.raises(ImageError) as e:
+        decode_data_uri("data:image/jpeg;base64,@@@not base64@@@")
+    assert e.value.code == "invalid_image_base64"
+
+
+def test_header_probe_matches_pillow():
+    for src in (C.photo_jpeg(1921, 1079), C.photo_jpeg(1000, 700, progressive=True), C.screenshot_png(1000, 600),
+                C.webp(900, 500), C.animated_gif(640, 480), C.bmp(333, 222), C.tiff(321, 123),
+                C.save(Image.new("RGB", (801, 401)), "WEBP", lossless=True)):
+        h = probe(src, 64_000_000)
+        assert (h.width, h.height) == Image.open(io.BytesIO(src)).size
