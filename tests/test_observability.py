@@ -217,6 +217,11 @@ def test_two_workers_metrics_add_up_and_dead_worker_files_are_reaped(servers, tm
     assert _sample(text, "vlm_gateway_backend_inflight", backend="sim0") == 0
     assert _sample(text, "vlm_gateway_backend_healthy", backend="sim0") == 1
     assert "pid=" not in text  # live gauges are aggregated, not reported per worker
+    # each worker sets up logging itself: one access line per request from both
+    deadline = time.time() + 5
+    while time.time() < deadline and gw.output().count("POST /v1/chat/completions 200") < sent:
+        time.sleep(0.05)
+    assert gw.output().count("POST /v1/chat/completions 200") == sent
 
     # A worker that dies keeps its counted requests but its live gauges must go.
     victim = sorted(workers)[0]
@@ -275,6 +280,9 @@ def test_promtool_accepts_config_and_rules():
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     r = subprocess.run([promtool, "check", "rules", str(ROOT / "prometheus" / "alerts.yml")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([promtool, "test", "rules", str(ROOT / "prometheus" / "alerts_test.yml")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     names = {rule["alert"] for g in yaml.safe_load((ROOT / "prometheus/alerts.yml").read_text())["groups"]
