@@ -25,7 +25,7 @@ class ListenControl:
         self.refusing = True
         loop = asyncio.get_running_loop()
         old = list(self.server.servers)
-        factories = [(srv._protocol_factory, [s.getsockname() for s in srv.sockets]) for srv in old]  # noqa: SLF001
+        config = self.server.config
         for srv in old:
             srv.close()
         await asyncio.sleep(0.05)          # let the /sim/faults answer leave first
@@ -35,10 +35,13 @@ class ListenControl:
                 transport.abort()
         log.warning("simulator fault: refusing connections for %.2f s", seconds)
         await asyncio.sleep(seconds)
-        new = []
-        for factory, addrs in factories:
-            for addr in addrs:
-                new.append(await loop.create_server(factory, host=addr[0], port=addr[1], reuse_address=True))
+
+        def factory(_loop=None):           # what uvicorn's Server.startup builds
+            return config.http_protocol_class(config=config, server_state=self.server.server_state,
+                                              app_state=self.server.lifespan.state, _loop=_loop)
+
+        new = [await loop.create_server(factory, host=config.host, port=config.port, reuse_address=True,
+                                        backlog=config.backlog)]
         self.server.servers = new
         self.refusing = False
         log.warning("simulator fault: listening again")

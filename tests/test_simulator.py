@@ -1,0 +1,227 @@
+"""The simulator as a client sees it: OpenAI API shape, token accounting from
+real image headers (data URIs and http URLs), prefix-cache hits, queueing at
+max_num_seqs, cancellation, vLLM / TRT-LLM metric names, fault modes, profiles."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from vlm_gateway.backends.sim.profiles import get_profile, profile_names
+from vlm_gateway.backends.sim.workload import make_jpeg
+
+MODEL = "qwen3vl-sim"
+
+
+def image_message(url: str, text: str = "hi") -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": text}]}]
+
+
+def data_uri(w: int, h: int, seed: int) -> str:
+    return "data:image/jpeg;base64," + base64.b64encode(make_jpeg(w, h, seed)).decode()
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in metrics")
+
+
+@pytest.fixture(scope="module")
+def fast_sim(module_servers):
+    return module_servers.sim(profile="fast", echo=True)
+
+
+@pytest.fixture(scope="module")
+def client(fast_sim):
+    return openai.OpenAI(base_url=fast_sim.base_url, api_key="sim", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def image_server():
+    """A loopback HTTP server with one 1920x1080 JPEG at /screen.jpg."""
+    body = make_jpeg(1920, 1080, 777)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path != "/screen.jpg":
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "image/jpeg")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def test_usage_counts_real_visual_tokens_and_prefix_hits(fast_sim, client):
+    uri = data_uri(1920, 1080, 1)
+    r1 = client.chat.completions.create(model=MODEL, messages=image_message(uri), max_tokens=8)
+    assert r1.usage.prompt_tokens == 2055                  # 13 text + 2040 visual + 2 markers, as vLLM
+    assert r1.usage.completion_tokens == 8
+    assert r1.usage.prompt_tokens_details.cached_tokens == 0
+    r2 = client.chat.completions.create(model=MODEL, messages=image_message(uri, "hi again"), max_tokens=8)
+    assert r2.usage.prompt_tokens_details.cached_tokens == 2032   # full blocks before the text
+    r3 = client.chat.completions.create(model=MODEL, messages=image_message(data_uri(1920, 1080, 2)),
+                                        max_tokens=8)
+    assert r3.usage.prompt_tokens_details.cached_tokens == 0      # same size, other image
+    text = httpx.get(fast_sim.url + "/metrics").text
+    assert metric(text, "vllm:prefix_cache_hits_total") >= 2032
+    assert metric(text, "vllm:prefix_cache_queries_total") >= 3 * 2055
+    prompts = httpx.get(fast_sim.url + "/sim/prompts").json()
+    assert prompts[-1]["images"][0] | {"sha256": ""} == {"width": 1920, "height": 1080, "tokens": 2042, "sha256": ""}
+
+
+def test_http_image_url_is_fetched_and_measured(client, image_server):
+    r = client.chat.completions.create(model=MODEL, messages=image_message(image_server + "/screen.jpg"),
+                                       max_tokens=4)
+    assert r.usage.prompt_tokens == 2055
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=image_message(image_server + "/missing.jpg"),
+                                       max_tokens=4)
+
+
+def test_bad_image_and_context_length_are_400(client):
+    bad = "data:image/png;base64," + base64.b64encode(b"definitely not a png").decode()
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=image_message(bad), max_tokens=4)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x" * 200_000}],
+                                       max_tokens=4)
+    assert "maximum context length" in str(e.value)
+
+
+def test_stream_echo_usage_and_completions(client):
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "marker-17 hello"}],
+                                            max_tokens=6, stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True})
+    text, usage, finish = "", None, None
+    for ch in stream:
+        if ch.choices:
+            text += ch.choices[0].delta.content or ""
+            finish = ch.choices[0].finish_reason or finish
+        if ch.usage:
+            usage = ch.usage
+    assert text.startswith("marker-17 hello ")
+    assert len(text.split()) == 6 and finish == "length"
+    assert usage.completion_tokens == 6 and usage.prompt_tokens == 7 + 5 + 4
+    comp = client.completions.create(model=MODEL, prompt="abcdefgh", max_tokens=3)
+    assert comp.usage.prompt_tokens == 2 and len(comp.choices[0].text.split()) == 3
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_max_num_seqs_queues_and_cancel_frees_the_slot(module_servers):
+    # rtx4060ti: one sequence at a time; 0.5x real time, ~14 ms a token
+    sim = module_servers.sim(profile="rtx4060ti", echo=False, time_scale=0.5)
+    c = openai.OpenAI(base_url=sim.base_url, api_key="sim", max_retries=0)
+    long_stream = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=2000, stream=True)
+    it = iter(long_stream)
+    next(it), next(it)                                    # streaming: it holds the only slot
+    done = []
+    t = threading.Thread(target=lambda: done.append(
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)))
+    t.start()
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        m = httpx.get(sim.url + "/metrics").text
+        if metric(m, "vllm:num_requests_waiting") == 1:
+            break
+        time.sleep(0.02)
+    assert metric(m, "vllm:num_requests_running") == 1
+    assert metric(m, "vllm:num_requests_waiting") == 1
+    long_stream.close()                                   # the client goes away
+    t.join(10)
+    assert done and done[0].usage.completion_tokens == 4  # the waiting request got the slot
+    stats = sim.sim_stats()
+    assert stats["aborted"] == 1 and stats["finished"] == 1 and stats["running"] == 0
+    assert metric(httpx.get(sim.url + "/metrics").text, "vllm:request_aborted_total") == 1
+
+
+def test_metric_names_vllm_and_trtllm(fast_sim, module_servers):
+    vllm = httpx.get(fast_sim.url + "/metrics").text
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
+                 "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:e2e_request_latency_seconds_count"):
+        assert f'{name}{{model_name="{MODEL}"' in vllm, name
+    trt = module_servers.sim(profile="fast", engine="trtllm")
+    openai.OpenAI(base_url=trt.base_url, api_key="x").chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    text = httpx.get(trt.url + "/metrics").text
+    assert "vllm:" not in text
+    for name in ("trtllm_num_requests_running", "trtllm_num_requests_waiting", "trtllm_kv_cache_utilization",
+                 "trtllm_time_to_first_token_seconds_count", "trtllm_e2e_request_latency_seconds_count"):
+        assert f'{name}{{model_name="{MODEL}"' in text, name
+    assert metric(text, "trtllm_time_to_first_token_seconds_count") == 1
+
+
+def test_faults(fast_sim, client):
+    fast_sim.sim_faults(fail_next=2, fail_status=503)
+    for _ in range(2):
+        with pytest.raises(openai.InternalServerError) as e:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert e.value.status_code == 503
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+
+    fast_sim.sim_faults(malformed_next=1)
+    r = httpx.post(fast_sim.base_url + "/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    with pytest.raises(ValueError):
+        r.json()
+
+    fast_sim.sim_faults(die_mid_stream=1)
+    with pytest.raises((openai.APIError, httpx.HTTPError)):
+        for _ in client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=20, stream=True):
+            pass
+
+    fast_sim.sim_faults(stall_next=1, stall_s=0.3)
+    t = time.perf_counter()
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert time.perf_counter() - t >= 0.3
+
+    fast_sim.sim_faults(refuse_connections=0.6)
+    time.sleep(0.2)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(fast_sim.url + "/health", timeout=1)
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        try:
+            if httpx.get(fast_sim.url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.ConnectError:
+            time.sleep(0.05)
+    assert httpx.get(fast_sim.url + "/health").status_code == 200
+
+
+def test_profiles():
+    names = profile_names()
+    for n in ("h200-qwen3vl-2b", "h200", "rtx4090d", "rtx3090", "a10g", "rtx4060ti", "fast"):
+        assert n in names
+    with pytest.raises(KeyError):
+        get_profile("no-such-gpu")
+    cal, alias = get_profile("h200-qwen3vl-2b"), get_profile("h200")
+    assert alias.step_base_s == cal.step_base_s and alias.vit_quad_s_per_ktok2 == cal.vit_quad_s_per_ktok2
+    assert [get_profile(n).max_num_seqs for n in ("rtx4090d", "rtx3090", "a10g", "rtx4060ti")] == [4, 2, 3, 1]
+    slow = get_profile("rtx3090")
+    assert slow.prefill_s_per_ktok == pytest.approx(cal.prefill_s_per_ktok / 0.2)
+    assert slow.cpu_preproc_s_per_mpx == cal.cpu_preproc_s_per_mpx      # same host CPU model
+    assert get_profile("fast", time_scale=0.5, decode_tokens_per_s=20).step_base_s == pytest.approx(0.05)
