@@ -19,6 +19,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # else importing 
 os.environ.setdefault("LITELLM_TELEMETRY", "False")
 
 litellm = pytest.importorskip("litellm", reason="pip install 'vlm-gateway[litellm]'")
+# litellm's own pydantic models warn at import/first use; not ours to fix
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 from conftest import SIM_MODEL, free_port, wait_http  # noqa: E402
 
 from vlm_gateway.integrations.litellm_hook import ImageRewriteHook  # noqa: E402
@@ -146,6 +148,7 @@ async def test_router_hook_refuses_broken_image(stack, callbacks):
     assert len(sim.sim_requests()) == before  # nothing reached the engine
 
 
+@pytest.mark.slow  # the LiteLLM proxy takes 10-30 s to start on a 2-core box
 def test_litellm_proxy_with_hook(stack, tmp_path):
     """A real LiteLLM proxy process configured with our callback."""
     pytest.importorskip("fastapi", reason="pip install 'litellm[proxy]'")

@@ -54,7 +54,10 @@ function takeFile(file) {
     $("bytes-before").textContent = fmtBytes(file.size);
     for (const id of ["size-before", "tokens-before", "size-after", "bytes-after", "tokens-after"]) $(id).textContent = "–";
     $("saving").textContent = "";
-    $("drop-hint").textContent = file.name || "pasted image";
+    $("img-before").onload = () => {
+      const i = $("img-before");
+      $("drop-hint").textContent = `loaded ${i.naturalWidth} × ${i.naturalHeight}, ${fmtBytes(file.size)}`;
+    };
     $("run").disabled = false;
     showError("");
   };
