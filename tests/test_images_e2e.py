@@ -1,0 +1,189 @@
+"""The image stage end to end: real gateway processes in front of the simulator
+in echo mode; assertions on what the engine actually received."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import io
+import threading
+
+import httpx
+import openai
+import pytest
+from PIL import Image
+
+from conftest import SIM_MODEL
+from vlm_gateway.middleware.images import corpus as C
+
+BIG = C.photo_jpeg(1920, 1080)
+SMALL = C.photo_jpeg(500, 300)
+
+
+def uri(data: bytes, mime: str = "image/jpeg") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def image_part(url: str, detail: str | None = None) -> dict:
+    iu = {"url": url}
+    if detail:
+        iu["detail"] = detail
+    return {"type": "image_url", "image_url": iu}
+
+
+def chat(gw, parts: list[dict], headers: dict | None = None) -> httpx.Response:
+    body = {"model": SIM_MODEL, "max_tokens": 4,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "describe"}, *parts]}]}
+    return httpx.post(gw.base_url + "/chat/completions", json=body, headers=headers or {}, timeout=30)
+
+
+def received_images(sim) -> list[str]:
+    body = sim.sim_requests()[-1]
+    return [p["image_url"]["url"] for m in body["messages"] if isinstance(m.get("content"), list)
+            for p in m["content"] if p.get("type") == "image_url"]
+
+
+def decoded(url: str) -> Image.Image:
+    assert url.startswith("data:image/")
+    return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        if self.path == "/big.jpg":
+            self.send_response(200)
+            self.send_header("content-type", "application/octet-stream")
+            self.send_header("content-length", str(len(BIG)))
+            self.end_headers()
+            self.wfile.write(BIG)
+        elif self.path == "/to-private":
+            self.send_response(302)
+            self.send_header("location", "http://169.254.169.254/latest/meta-data")
+            self.end_headers()
+        else:
+            self.send_response(404)
+            self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture(scope="module")
+def image_server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def env(module_servers):
+    sim = module_servers.sim()
+    # the local image server is exempt from the private-address guard as an internal store
+    gw = module_servers.gateway({"images": {"allow_networks": ["127.0.0.1/32"],
+                                            "models": {"qwen2-style": {"grid_factor": 28}}}}, backends=[sim])
+    return sim, gw
+
+
+def test_rewrite_and_passthrough_seen_by_engine(env):
+    sim, gw = env
+    small_url = uri(SMALL)
+    r = chat(gw, [image_part(uri(BIG)), image_part(small_url)])
+    assert r.status_code == 200, r.text
+    assert r.headers["x-vlm-gateway-visual-tokens"] == f"before={2040 + 144};after={336 + 144}"
+    big_sent, small_sent = received_images(sim)
+    im = decoded(big_sent)
+    assert im.size == (768, 448) and im.format == "JPEG"
+    assert small_sent == small_url  # pass-through: the original string, byte for byte
+
+
+def test_same_image_same_bytes_and_l1_hit(env):
+    sim, gw = env
+    src = uri(C.photo_jpeg(1600, 1200, seed=9))
+    chat(gw, [image_part(src)])
+    first = received_images(sim)[0]
+    metrics_before = httpx.get(gw.url + "/metrics").text
+    chat(gw, [image_part(src)])
+    assert received_images(sim)[0] == first
+    hits = [ln for ln in httpx.get(gw.url + "/metrics").text.splitlines()
+            if ln.startswith('vlm_gateway_cache_hits_total{level="l1"}')]
+    before = [ln for ln in metrics_before.splitlines() if ln.startswith('vlm_gateway_cache_hits_total{level="l1"}')]
+    assert float(hits[0].split()[-1]) >= float(before[0].split()[-1]) + 1 if before else hits
+
+
+def test_policy_header_and_detail(env):
+    sim, gw = env
+    src = uri(BIG)
+    r = chat(gw, [image_part(src)], headers={"x-vlm-gateway-image-policy": "off"})
+    assert r.status_code == 200 and received_images(sim) == [src]
+    assert r.headers["x-vlm-gateway-visual-tokens"] == "before=2040;after=2040"
+    chat(gw, [image_part(src)], headers={"x-vlm-gateway-image-policy": "448"})
+    assert max(decoded(received_images(sim)[0]).size) <= 448
+    chat(gw, [image_part(src, detail="low")])
+    assert max(decoded(received_images(sim)[0]).size) <= 448
+    chat(gw, [image_part(src, detail="high")])
+    assert decoded(received_images(sim)[0]).size == (1280, 704)
+    r = chat(gw, [image_part(src)], headers={"x-vlm-gateway-image-policy": "huge"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image_policy"
+
+
+@pytest.mark.parametrize("data,code", [
+    (uri(BIG[: len(BIG) // 2]), "image_corrupt"),
+    (uri(C.SVG, "image/svg+xml"), "unsupported_image_format"),
+    (uri(C.bomb_png(), "image/png"), "image_too_large"),
+    (uri(b""), "image_empty"),
+    (uri(C.TEXT_AS_IMAGE, "image/png"), "unsupported_image_format"),
+    ("data:image/png;base64,!!!!", "invalid_image_base64"),
+    ("ftp://example.com/a.png", "invalid_image_url"),
+])
+def test_bad_images_are_400_naming_the_part(env, data, code):
+    sim, gw = env
+    n = len(sim.sim_requests())
+    r = chat(gw, [image_part(uri(SMALL)), image_part(data)])
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["code"] == code
+    assert err["param"] == "messages[0].content[2].image_url"
+    assert len(sim.sim_requests()) == n  # nothing reached the engine
+
+
+def test_url_fetched_and_rewritten(env, image_server):
+    sim, gw = env
+    r = chat(gw, [image_part(image_server + "/big.jpg")])
+    assert r.status_code == 200, r.text
+    assert decoded(received_images(sim)[0]).size == (768, 448)
+    assert r.headers["x-vlm-gateway-visual-tokens"] == "before=2040;after=336"
+    r = chat(gw, [image_part(image_server + "/to-private")])
+    assert r.status_code == 400 and r.json()["error"]["code"] == "image_url_private_address"
+
+
+def test_openai_sdk_client(env):
+    sim, gw = env
+    client = openai.OpenAI(base_url=gw.base_url, api_key="x")
+    raw = client.chat.completions.with_raw_response.create(
+        model=SIM_MODEL, max_tokens=4,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                               {"type": "image_url", "image_url": {"url": uri(BIG)}}]}])
+    assert raw.headers["x-vlm-gateway-visual-tokens"] == "before=2040;after=336"
+    assert raw.parse().choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=SIM_MODEL, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": uri(C.SVG, "image/svg+xml")}}]}])
+    assert e.value.body["param"] == "messages[0].content[0].image_url"
+
+
+def test_guard_on_and_backend_cap(servers, image_server):
+    sim = servers.sim()
+    gw = servers.gateway({
+        "profiles": {"small-gpu": {"base": "h200", "image_max_long_side": 512, "image_max_pixels": 64_000_000}},
+        "backends": [{"url": sim.base_url, "name": "small", "engine": "sim", "profile": "small-gpu"}],
+    })
+    r = chat(gw, [image_part(image_server + "/big.jpg")])
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "image_url_private_address" and err["param"] == "messages[0].content[1].image_url"
+    r = chat(gw, [image_part(uri(BIG))])
+    assert r.status_code == 200, r.text
+    assert max(decoded(received_images(sim)[0]).size) <= 512
+    assert r.headers["x-vlm-gateway-visual-tokens"].startswith("before=2040;after=")
