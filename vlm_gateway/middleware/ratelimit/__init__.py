@@ -14,6 +14,7 @@ not; the slot is released in ``req.on_finish``, however the request ends.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from typing import TYPE_CHECKING
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 from ... import metrics
 from ...config import TenantConfig
 from ...proxy.errors import RateLimited
-from .buckets import AFTERWARDS, CHARGE, Check, LocalStore, Outcome, RedisStore, RedisUnavailable, duration, reset_after
+from .buckets import AFTERWARDS, CHARGE, LEASE_S, Check, LocalStore, Outcome, RedisStore, RedisUnavailable, duration, reset_after
 
 if TYPE_CHECKING:
     from ...proxy.gateway import Gateway
@@ -39,9 +40,19 @@ def _limited(t: TenantConfig) -> bool:
 
 class Limiter:
     def __init__(self, gw: "Gateway") -> None:
-        max_age = gw.cfg.upstream.total_timeout_s + 60.0
-        self.local = LocalStore(max_age)
-        self.redis = RedisStore(gw.cfg.redis_url, max_age) if gw.cfg.redis_url else None
+        self.local = LocalStore(gw.cfg.upstream.total_timeout_s + 60.0)
+        self.redis = RedisStore(gw.cfg.redis_url, LEASE_S) if gw.cfg.redis_url else None
+        # concurrency slots held in Redis by this replica, renewed by ``renew_loop``
+        self.held: dict[tuple[str, str], None] = {}
+
+    async def renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(LEASE_S / 3)
+            if self.redis is not None and self.held:
+                try:
+                    await self.redis.renew(list(self.held))
+                except RedisUnavailable:
+                    pass
 
     async def take(self, checks: list[Check]) -> Outcome:
         if self.redis is not None:
@@ -56,6 +67,8 @@ class Limiter:
         if self.redis is not None:
             try:
                 ok, n = await self.redis.acquire(key, limit, member)
+                if ok:
+                    self.held[(key, member)] = None
                 return ("redis" if ok else None), n
             except RedisUnavailable:
                 pass
@@ -64,10 +77,11 @@ class Limiter:
 
     async def release(self, store: str, key: str, member: str) -> None:
         if store == "redis" and self.redis is not None:
+            self.held.pop((key, member), None)
             try:
                 await self.redis.release(key, member)
             except RedisUnavailable:
-                pass  # the entry ages out after max_age
+                pass  # no longer renewed: the entry ages out after LEASE_S
         else:
             self.local.release(key, member)
 
@@ -145,3 +159,14 @@ def make(gw: "Gateway"):
         return None
 
     return ratelimit
+
+
+async def start(gw: "Gateway") -> None:
+    limiter: Limiter | None = getattr(gw, "ratelimiter", None)
+    if limiter is None or limiter.redis is None:
+        return
+    task = asyncio.create_task(limiter.renew_loop(), name="ratelimit-renew")
+
+    async def stop() -> None:
+        task.cancel()
+    gw.closers.append(stop)

@@ -9,9 +9,10 @@ requests and images; a tiny positive amount for visual tokens, which are only
 known after the image stage and are charged afterwards, so a bucket can run into
 debt and then holds later requests back until it has refilled).
 
-Concurrency slots are a sorted set of request ids scored by start time; entries
-older than ``max_age`` (a request that outlived the upstream timeout, or whose
-replica died before releasing) are dropped on the next acquire.
+Concurrency slots are a sorted set of request ids scored by the time their
+holder last renewed them: the replica that holds a slot renews it every
+``LEASE_S / 3`` while the request runs, so the slots of a replica that died
+without releasing them are dropped ``LEASE_S`` later, on the next acquire.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ log = logging.getLogger("vlm_gateway.ratelimit")
 AFTERWARDS = 1e-6
 # Need of an unconditional charge (always passes).
 CHARGE = -1e18
+# A concurrency slot not renewed for this long belongs to a dead replica.
+LEASE_S = 30.0
 
 TAKE_LUA = """
 local t = redis.call('TIME')
@@ -152,7 +155,7 @@ class RedisStore:
     marks Redis down for ``retry_s`` so that a dead Redis costs one failed call,
     not one per request."""
 
-    def __init__(self, url: str, max_age_s: float, timeout_s: float = 0.25, retry_s: float = 1.0) -> None:
+    def __init__(self, url: str, max_age_s: float = LEASE_S, timeout_s: float = 0.25, retry_s: float = 1.0) -> None:
         import redis.asyncio as aioredis
         self.client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
                                               health_check_interval=0)
@@ -194,6 +197,21 @@ class RedisStore:
 
     async def release(self, key: str, member: str) -> None:
         await self._call(lambda: self.client.zrem(key, member))
+
+    async def renew(self, held: list[tuple[str, str]]) -> None:
+        """Refresh the lease of every slot this replica holds (XX: never re-adds a released one)."""
+        if not held:
+            return
+
+        async def run():
+            t = await self.client.time()
+            now = t[0] * 1000 + t[1] // 1000
+            async with self.client.pipeline(transaction=False) as p:
+                for key, member in held:
+                    p.zadd(key, {member: now}, xx=True)
+                    p.pexpire(key, self.max_age_ms)
+                await p.execute()
+        await self._call(run)
 
     async def close(self) -> None:
         await self.client.aclose()
