@@ -21,8 +21,9 @@ def sim_profile(name: str) -> str:
     """The simulator's timing profile of the same name when it has one, else its fast one:
     what is under test here is the gateway's routing, whose limits come from the gateway
     profile given to each backend."""
-    from vlm_gateway.backends.sim.profiles import PROFILES
-    return name if name in PROFILES else "fast"
+    from vlm_gateway.backends.sim import profiles
+    names = profiles.profile_names() if hasattr(profiles, "profile_names") else list(profiles.PROFILES)
+    return name if name in names else "fast"
 
 
 def png(color: tuple[int, int, int], size=(64, 48)) -> str:

@@ -27,10 +27,11 @@ NAMES: dict[str, tuple[str, ...]] = {
                 "sglang:num_queue_reqs", "vllm_num_requests_waiting"),
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "trtllm_kv_cache_utilization",
                  "trtllm:kv_cache_utilization", "sglang:token_usage", "vllm_kv_cache_usage_perc"),
-    "prefix_hits": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "trtllm_kv_cache_hits_total",
-                    "vllm:gpu_prefix_cache_hits_total"),
+    "prefix_hits": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "trtllm_prefix_cache_hits_total",
+                    "trtllm_prefix_cache_hits", "vllm:gpu_prefix_cache_hits_total"),
     "prefix_queries": ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries",
-                       "trtllm_kv_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+                       "trtllm_prefix_cache_queries_total", "trtllm_prefix_cache_queries",
+                       "vllm:gpu_prefix_cache_queries_total"),
 }
 _WANTED = frozenset(n for names in NAMES.values() for n in names)
 
