@@ -160,6 +160,10 @@ async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: 
 def routes_rewrite(cfg: GatewayConfig):
     async def rewrite(request: Request) -> Response:
         gw = _gateway(request)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cfg.server.max_body_bytes:
+            raise PayloadTooLarge(f"Request body is larger than the limit of {cfg.server.max_body_bytes} bytes",
+                                  code="body_too_large")
         raw = await request.body()
         if len(raw) > cfg.server.max_body_bytes:
             raise PayloadTooLarge(f"Request body is larger than the limit of {cfg.server.max_body_bytes} bytes",
@@ -238,7 +242,8 @@ def _backend_view(b) -> dict[str, Any]:
         "name": b.name, "engine": b.engine, "url": b.base_url, "models": sorted(b.models),
         "profile": b.profile.get("name") or "", "gpu": b.profile.get("gpu") or "",
         "healthy": b.healthy, "available": b.available,
-        "state": "down" if not b.healthy else "ejected" if now < b.ejected_until else "ok",
+        "state": ("down" if not b.healthy else "ejected" if now < b.ejected_until
+                  else "drained" if getattr(b, "drained", False) else "ok"),
         "inflight": b.inflight, "capacity": cap,
         "load": round(b.inflight / cap, 3) if cap else None,
         "engine_load": dict(b.engine_load),
