@@ -174,3 +174,21 @@ async def test_http_error_and_domain_lists():
 ])
 def test_address_classes(addr, refused):
     assert ip_refused(ipaddress.ip_address(addr)) is refused
+
+
+async def test_pool_full_is_503_with_retry_after():
+    import threading
+
+    from vlm_gateway.middleware.images.pool import BoundedPool
+    from vlm_gateway.proxy.errors import Unavailable
+    pool = BoundedPool(workers=1, max_queue=1)
+    gate = threading.Event()
+    jobs = [asyncio.ensure_future(pool.run(gate.wait, 5)) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    with pytest.raises(Unavailable) as e:
+        await pool.run(lambda: None)
+    assert e.value.status == 503 and e.value.headers == {"retry-after": "1"}
+    gate.set()
+    await asyncio.gather(*jobs)
+    assert await pool.run(lambda: 7) == 7
+    pool.close()
