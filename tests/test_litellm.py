@@ -188,3 +188,12 @@ def test_litellm_proxy_with_hook(stack, tmp_path):
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_core_never_imports_litellm():
+    code = ("import sys; import vlm_gateway.cli, vlm_gateway.proxy.app, vlm_gateway.middleware.chain, "
+            "vlm_gateway.integrations; "
+            "from vlm_gateway.proxy.app import create_app; create_app(); "
+            "assert not [m for m in sys.modules if m.startswith('litellm')], 'litellm imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
