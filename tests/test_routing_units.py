@@ -195,6 +195,10 @@ def test_affinity_follows_prefix_unless_overloaded_or_weak():
         assert pol.rank(_req(t2), [a, b, c])[0] is first
     first.inflight = int(0.95 * first.capacity)  # overloaded: least load wins
     assert pol.rank(_req(t2), [a, b, c])[0] is not first
+    first.inflight = 6  # far from full, but 6 sequences busier than idle peers: least load wins
+    assert pol.rank(_req(t2), [a, b, c])[0] is not first
+    first.inflight = 3  # within the slack: the cache hit is worth the wait
+    assert pol.rank(_req(t2), [a, b, c])[0] is first
     first.inflight = 0
     # a new chat sharing only a short system prompt is not pinned (weak match): it spreads
     sys = {"role": "system", "content": "you are helpful"}

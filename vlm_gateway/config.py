@@ -85,6 +85,8 @@ class RoutingConfig:
     max_queue: int = 1024
     # Affinity: follow the remembered backend unless its load exceeds this (0..1 of capacity).
     affinity_max_load: float = 0.9
+    # ... or when it has more than this many sequences above the least-loaded candidate.
+    affinity_max_extra_seqs: float = 4.0
     # ... and only when the remembered prefix covers at least this fraction of the prompt.
     affinity_min_match: float = 0.5
     affinity_ttl_s: float = 600.0

@@ -15,13 +15,17 @@ last served a request containing it (``served`` hook, called after a send).
 
     match      = longest k_j in the map whose backend is a candidate
     fraction   = tokens_j / tokens_total
-    follow it  if fraction >= min_match and load(b) <= max_load
+    extra      = (load(b) - min over candidates of load) * capacity(b)   (sequences)
+    follow it  if fraction >= min_match and load(b) <= max_load and extra <= max_extra
     otherwise  rank by least_loaded.load (ties rotate)
 
 Parameters (``routing.*``): ``affinity_max_load`` (0.9: past 90 % of the
-profile's slots the cache hit costs more than the queue), ``affinity_min_match``
-(0.5: a shared system prompt alone does not pin a new conversation),
-``affinity_ttl_s``, ``affinity_max_entries``.
+profile's slots the cache hit costs more than the queue), ``affinity_max_extra_seqs``
+(4: a cache hit saves about one prompt's prefill and image preprocessing, while
+every sequence queued ahead costs about as much, so a backend more than a few
+sequences busier than the idlest one loses its claim — this is what keeps p99
+at least_loaded's level), ``affinity_min_match`` (0.5: a shared system prompt
+alone does not pin a new conversation), ``affinity_ttl_s``, ``affinity_max_entries``.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import orjson
 from ... import metrics
 from ...vision_tokens import MARKER_TOKENS, estimate_text_tokens, visual_tokens
 from . import register
-from .least_loaded import load, rank_by_load
+from .least_loaded import DEFAULT_CAPACITY, load, rank_by_load
 
 # an image whose size is unknown (no image stage) counts as this many tokens
 UNKNOWN_IMAGE_TOKENS = 256
@@ -167,6 +171,7 @@ class PrefixAffinity:
     def __init__(self, cfg=None) -> None:
         self.max_load = getattr(cfg, "affinity_max_load", 0.9)
         self.min_match = getattr(cfg, "affinity_min_match", 0.5)
+        self.max_extra = getattr(cfg, "affinity_max_extra_seqs", 4.0)
         self.map = PrefixMap(getattr(cfg, "affinity_ttl_s", 600.0), getattr(cfg, "affinity_max_entries", 100_000))
         self._counter = itertools.count()
 
@@ -192,7 +197,8 @@ class PrefixAffinity:
             outcome = "load"
         elif fraction < self.min_match:
             outcome = "affinity_weak"
-        elif load(b) > self.max_load:
+        elif load(b) > self.max_load or \
+                (load(b) - load(ranked[0])) * (b.capacity or DEFAULT_CAPACITY) > self.max_extra:
             outcome = "affinity_overloaded"
         else:
             metrics.ROUTING.labels(self.name, "affinity").inc()
