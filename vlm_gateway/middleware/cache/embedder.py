@@ -83,6 +83,17 @@ def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = 1e-12)
     return (x - mu) / np.sqrt(var + eps) * w + b
 
 
+def _single_threaded_blas() -> None:
+    """One query is a few dozen small matrix products: threads do not help, and on a
+    busy machine multi-threaded OpenBLAS measured 5x slower (threads spinning
+    against each other). The semantic worker thread is the only BLAS user here."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(limits=1, user_api="blas")
+
+
 class Embedder:
     """Thread-safe: the weights are read-only; ``embed`` may run in any thread."""
 
@@ -127,6 +138,7 @@ class Embedder:
             ))
             i += 1
         self.dim = self.word.shape[1]
+        _single_threaded_blas()
 
     def _ids(self, texts: list[str]) -> list[list[int]]:
         with self._tok_lock:  # a Rust tokenizer object is not meant to be shared mid-call

@@ -27,7 +27,7 @@ this that these those it its there here of in on at to for with by about as and 
 image picture photo photograph pic screenshot img
 tell show shown showing see seen visible displayed display say says saying said written write read
 give find me you your i we us my our let know like want
-exactly currently actually please
+exactly currently actually please look looks seem seems appear appears all
 """.split())
 # Negations are content; listed to report the kind of difference.
 _NEGATIONS = frozenset({"not", "no", "never", "none", "nothing", "nobody", "neither", "nor", "without"})
@@ -41,7 +41,7 @@ _SYNONYMS = {
     "colour": "color", "colours": "color", "colors": "color", "grey": "gray", "centre": "center",
     "which": "what", "whats": "what", "amount": "", "value": "", "figure": "",
     "automobile": "car", "photos": "", "pictures": "", "images": "",
-    "largest": "biggest", "smallest": "smallest",
+    "largest": "biggest", "summary": "summarize", "summarise": "summarize", "extract": "transcribe",
 }
 _NUMBER_WORDS = {w: str(i) for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
@@ -50,12 +50,17 @@ _ORDINALS = {w: f"{i + 1}th" for i, w in enumerate(
     "first second third fourth fifth sixth seventh eighth ninth tenth".split())}
 _ORDINAL_DIGITS = re.compile(r"^(\d+)(st|nd|rd|th)$")
 _PHRASES = [
+    (re.compile(r"\b(?:from|in|on|of) (?:this |that )?(?:image|picture|photo|photograph|screenshot|pic)\b"), ""),
+    (re.compile(r"\bwhat is number of\b"), "how many"),
     (re.compile(r"\bnumber of\b"), "how many"), (re.compile(r"\bcount\b"), "how many"),
     (re.compile(r"\bwhat is in\b"), "describe"), (re.compile(r"\bwhat do you see\b"), "describe"),
     (re.compile(r"\bwhat is going on in\b"), "describe"), (re.compile(r"\bwhat is happening in\b"), "describe"),
     (re.compile(r"\bdescription of\b"), "describe"),
     (re.compile(r"\bhow much\b"), "what"),
 ]
+_WH = frozenset({"what", "who", "whom", "whose", "where", "when", "why", "how"})
+# A question that opens with one of these is a yes/no question.
+_AUXILIARIES = frozenset("is are was were do does did can could will would should has have had shall may".split())
 _YEAR = re.compile(r"^(1[5-9]|2[0-9])\d\d$")
 
 
@@ -85,6 +90,9 @@ def _fold(word: str) -> str:
 class Content:
     words: tuple[str, ...]
     entities: frozenset[str]
+    # "what ..." and an imperative/noun phrase ("the date on the invoice", "tell me
+    # the date ...") ask the same; a yes/no question ("is it ...") does not.
+    yes_no: bool = False
 
     @property
     def ordered(self) -> bool:
@@ -94,6 +102,7 @@ class Content:
 def content_words(question: str, original: str = "") -> Content:
     """``question`` is normalised text; ``original`` (as sent) reveals named entities."""
     t = normalize_question(question)
+    first = t.split(" ", 1)[0] if t else ""
     for rx, rep in _PHRASES:
         t = rx.sub(rep, t)
     words = []
@@ -104,7 +113,7 @@ def content_words(question: str, original: str = "") -> Content:
         if f and f not in _FRAMING:
             words.append(f)
     ents = frozenset(w.lower() for w in re.findall(r"(?<![.?!]\s)(?<!^)\b[A-Z][a-z]+\b", original or ""))
-    return Content(tuple(words), ents)
+    return Content(tuple(words), ents, first in _AUXILIARIES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +137,16 @@ def _kind(word: str, ents: frozenset[str]) -> str:
     return "content"
 
 
+def _implicit_what(c: Content) -> Content:
+    if c.yes_no or any(w in _WH for w in c.words):
+        return c
+    return Content(("what",) + c.words, c.entities, c.yes_no)
+
+
 def check(query: Content, candidate: Content) -> Verdict:
+    if query.yes_no != candidate.yes_no:
+        return Verdict(False, "content", ())
+    query, candidate = _implicit_what(query), _implicit_what(candidate)
     a, b = Counter(query.words), Counter(candidate.words)
     if a != b:
         diff = tuple(sorted(((a - b) + (b - a)).keys()))

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 NEUTRAL_PARAMS = frozenset({"model", "messages", "stream", "stream_options", "user", "metadata", "store",
                             "service_tier", "request_id", "priority"})
 
+IMAGE_POLICY_HEADER = "x-vlm-gateway-image-policy"
 _Q = {"type": "text", "text": "\x00question"}  # stands for the last user question in the partition
 
 
@@ -84,6 +85,10 @@ def build_keys(req: "ChatRequest") -> CacheKeys:
         m["content"] = _content(msg.get("content"), images, mi)
         canon.append(m)
     params = {k: v for k, v in req.body.items() if k not in NEUTRAL_PARAMS}
+    # The per-request image policy changes the pixels the model sees.
+    policy = req.headers.get(IMAGE_POLICY_HEADER)
+    if policy:
+        params["\x00image_policy"] = policy.strip().lower()
     scope = req.cache_scope
     exact = _h("exact", scope, req.model, canon, params)
 

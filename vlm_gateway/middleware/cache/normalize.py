@@ -32,7 +32,7 @@ _FILLER_RE = re.compile(r"\b(?:" + "|".join(re.escape(p) for p in sorted(_FILLER
 _ARTICLES = frozenset({"a", "an", "the"})
 # Digits keep their separators (1,000 -> 1000; 3.5 stays); $ € £ % are meaningful.
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
-_TOKEN = re.compile(r"\d+(?:\.\d+)?|[^\W_]+|[$€£¥%]")
+_TOKEN = re.compile(r"\d+(?:st|nd|rd|th)\b|\d+(?:\.\d+)?|[^\W_]+|[$€£¥%]")
 
 
 def normalize_question(text: str) -> str:

@@ -9,8 +9,7 @@ lookup but stores the fresh answer, ``no-store`` skips both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from ...config import CacheConfig
@@ -19,8 +18,7 @@ if TYPE_CHECKING:
 MODE_HEADER = "x-vlm-gateway-cache-mode"
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     lookup: bool
     store: bool
 

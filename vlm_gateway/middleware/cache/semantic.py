@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import orjson
 
 from . import guard
 
@@ -50,7 +49,7 @@ class Entry:
     id: int
     partition: str
     exact_key: str
-    question: str  # normalised
+    question: str  # as sent (the guard derives its content words from it)
     content: guard.Content
     expires: float
 
@@ -230,11 +229,13 @@ class SemanticCache:
         finally:
             self.pending -= 1
 
-    def _lookup_sync(self, part: str, question: str, original: str) -> tuple[np.ndarray, Match | None, str]:
+    def _lookup_sync(self, part: str, question: str) -> tuple[np.ndarray, Match | None, str]:
+        # The model was trained on natural sentences: it embeds the question as sent
+        # (measured: better recall at equal precision than the normalised text).
         vec = self.embedder.embed_one(question)
         if part not in self.index.partitions:
             return vec, None, "empty"
-        content = guard.content_words(question, original)
+        content = guard.content_words(question, question)
         if not self.guard_on:
             content = None
         m, reason = self._search(part, vec, content)
@@ -247,28 +248,27 @@ class SemanticCache:
             return (best, "hit") if best and best.similarity >= self.threshold else (None, "below_threshold")
         return self.index.search(part, vec, content, self.threshold)
 
-    async def lookup(self, part: str, question: str, original: str) -> tuple[np.ndarray | None, Match | None, str]:
-        res = await self._run(self._lookup_sync, part, question, original)
+    async def lookup(self, part: str, question: str) -> tuple[np.ndarray | None, Match | None, str]:
+        res = await self._run(self._lookup_sync, part, question)
         if res is None:
             return None, None, "queue_full"
         return res
 
-    def _add_sync(self, vec: np.ndarray | None, part: str, exact_key: str, question: str, original: str,
+    def _add_sync(self, vec: np.ndarray | None, part: str, exact_key: str, question: str,
                   expires: float) -> tuple[Entry, np.ndarray]:
         if vec is None:
             vec = self.embedder.embed_one(question)
-        e = Entry(self.index.new_id(), part, exact_key, question, guard.content_words(question, original), expires)
+        e = Entry(self.index.new_id(), part, exact_key, question, guard.content_words(question, question), expires)
         self.index.add(vec, e)
         return e, vec
 
-    async def add(self, vec: np.ndarray | None, part: str, exact_key: str, question: str, original: str,
+    async def add(self, vec: np.ndarray | None, part: str, exact_key: str, question: str,
                   expires: float) -> None:
-        res = await self._run(self._add_sync, vec, part, exact_key, question, original, expires)
+        res = await self._run(self._add_sync, vec, part, exact_key, question, expires)
         if res is None or self.redis is None:
             return
         e, v = res
-        fields = {"o": self.origin, "p": part, "k": exact_key, "q": question,
-                  "n": orjson.dumps(sorted(e.content.entities)), "e": repr(expires),
+        fields = {"o": self.origin, "p": part, "k": exact_key, "q": question, "e": repr(expires),
                   "v": np.asarray(v, np.float32).tobytes()}
         try:
             await asyncio.wait_for(self.redis.xadd(self.stream_key, fields, maxlen=self.stream_max,
@@ -290,15 +290,13 @@ class SemanticCache:
                 if expires <= now:
                     continue
                 q = f[b"q"].decode()
-                ents = frozenset(orjson.loads(f.get(b"n", b"[]")))
-                content = guard.content_words(q)
-                content = guard.Content(content.words, ents)
+                content = guard.content_words(q, q)
                 vec = np.frombuffer(f[b"v"], np.float32)
                 if vec.shape[0] != self.index.dim:
                     continue
                 entries.append(Entry(self.index.new_id(), f[b"p"].decode(), f[b"k"].decode(), q, content, expires))
                 vecs.append(vec)
-            except (KeyError, ValueError, UnicodeDecodeError, orjson.JSONDecodeError):
+            except (KeyError, ValueError, UnicodeDecodeError):
                 continue
         return (np.vstack(vecs) if vecs else np.zeros((0, self.index.dim), np.float32)), entries
 

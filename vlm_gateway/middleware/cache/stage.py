@@ -104,7 +104,7 @@ class ResponseCache:
         sem = self.semantic
         if sem is not None and keys.normalized_question and keys.partition in sem.index.partitions:
             metrics.CACHE_LOOKUPS.labels("l3_semantic").inc()
-            vec, match, _why = await sem.lookup(keys.partition, keys.normalized_question, keys.question)
+            vec, match, _why = await sem.lookup(keys.partition, keys.question)
             if vec is not None:
                 req.state[_VEC_STATE] = vec
             if match is not None:
@@ -138,8 +138,7 @@ class ResponseCache:
             if normalized:
                 await self.store.put_remote(normalized, value)
         if self.semantic is not None and keys.normalized_question:
-            await self.semantic.add(vec, keys.partition, keys.exact, keys.normalized_question, keys.question,
-                                    expires)
+            await self.semantic.add(vec, keys.partition, keys.exact, keys.question, expires)
 
     def _spawn(self, coro) -> None:
         t = asyncio.create_task(coro)
