@@ -148,6 +148,13 @@ class Relay:
                     resp.close()
                     self._release(b)
                 raise _upstream_error(resp.status, body)
+            if req.stream and resp.content_type != "text/event-stream":
+                # e.g. an HTML error page from a proxy in front of the engine: never relay it as SSE
+                resp.close()
+                last = self._failed(b, exclude, "upstream_bad_content_type",
+                                    f"Backend {b.name} answered a stream with content-type "
+                                    f"{resp.content_type[:64]!r}")
+                continue
             self.pool.policy.served(req, b)
             return b, resp
         assert last is not None
