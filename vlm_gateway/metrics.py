@@ -44,6 +44,10 @@ REWRITE_SECONDS = Histogram("vlm_gateway_image_rewrite_seconds", "Image rewrite 
                             buckets=_FAST[3:] + (2.5,))
 CACHE_LOOKUPS = Counter("vlm_gateway_cache_lookups_total", "Cache lookups per level", ("level",))
 CACHE_HITS = Counter("vlm_gateway_cache_hits_total", "Cache hits per level", ("level",))
+# L3 entries held in process (l3_local: exact+normalised LRU, l3_semantic: index); replicas
+# each hold a copy of the semantic index, so the aggregate is the largest live worker.
+CACHE_ENTRIES = _gauge("vlm_gateway_cache_entries", "L3 cache entries held in process per level",
+                       ("level",), mode="livemax")
 # min over workers: a backend any live worker has ejected shows as unhealthy
 BACKEND_HEALTHY = _gauge("vlm_gateway_backend_healthy", "1 when the backend is healthy",
                          ("backend",), mode="livemin")

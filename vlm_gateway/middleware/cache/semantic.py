@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ... import metrics
 from . import guard
 
 if TYPE_CHECKING:
@@ -155,12 +156,21 @@ class SemanticIndex:
             if not p.hnsw and len(p) > self.hnsw_above:
                 p.rebuild(hnsw=True)
         over = len(self.order) - self.max_total
+        if over <= 0:
+            metrics.CACHE_ENTRIES.labels("l3_semantic").set(len(self.order))
         if over > 0:
             victims: dict[str, list[int]] = {}
             for eid, part in itertools.islice(self.order.items(), over):
                 victims.setdefault(part, []).append(eid)
             for part, ids in victims.items():
                 self._remove(part, ids)
+            metrics.CACHE_ENTRIES.labels("l3_semantic").set(len(self.order))
+
+    def clear(self) -> int:
+        n = len(self.order)
+        self.partitions.clear()
+        self.order.clear()
+        return n
 
     def _remove(self, part: str, ids: list[int]) -> None:
         p = self.partitions.get(part)
@@ -218,6 +228,9 @@ class SemanticCache:
         self._follow_task: asyncio.Task | None = None
         self._last_id = "0-0"
 
+    def clear(self) -> int:
+        return self.index.clear()
+
     async def _run(self, fn, *args):
         """Run on the worker thread, or return None when its queue is full."""
         if self.pending >= self.max_queue:
@@ -228,6 +241,9 @@ class SemanticCache:
             return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
         finally:
             self.pending -= 1
+
+    async def embed(self, question: str) -> np.ndarray | None:
+        return await self._run(self.embedder.embed_one, question)
 
     def _lookup_sync(self, part: str, question: str) -> tuple[np.ndarray, Match | None, str]:
         # The model was trained on natural sentences: it embeds the question as sent

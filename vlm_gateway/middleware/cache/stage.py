@@ -70,6 +70,18 @@ class ResponseCache:
         if self.store.remote is not None:
             await self.store.remote.close()
 
+    async def flush(self) -> int:
+        """Admin flush: this replica's entries and, with Redis, the shared ones (other
+        replicas keep their in-process copies until they expire)."""
+        n = len(self.store.local)
+        self.store.local = LocalStore(self.cfg.max_bytes)
+        if self.semantic is not None:
+            sem = self.semantic
+            n += await asyncio.get_running_loop().run_in_executor(sem.pool, sem.clear)
+        if self.store.remote is not None:
+            n += await self.store.remote.flush()
+        return n
+
     # -- lookup --------------------------------------------------------------------------
     async def __call__(self, req: "ChatRequest") -> Reply | None:
         if req.route != "chat":
@@ -102,7 +114,11 @@ class ResponseCache:
                 metrics.CACHE_HITS.labels("l3_normalized").inc()
                 return Reply(c, {HEADER: "hit-normalized"})
         sem = self.semantic
-        if sem is not None and keys.normalized_question and keys.partition in sem.index.partitions:
+        if sem is not None and keys.normalized_question and keys.partition not in sem.index.partitions:
+            # Nothing to compare with: skip the search, but embed the question while the
+            # backend answers, so that storing the answer does not wait for the encoder.
+            req.state[_VEC_STATE] = asyncio.ensure_future(sem.embed(keys.question))
+        elif sem is not None and keys.normalized_question:
             metrics.CACHE_LOOKUPS.labels("l3_semantic").inc()
             vec, match, _why = await sem.lookup(keys.partition, keys.question)
             if vec is not None:
@@ -127,6 +143,7 @@ class ResponseCache:
         normalized = keys.normalized if self.cfg.normalized else ""
         if normalized:
             self.store.put_local(normalized, completion, value, expires)
+        metrics.CACHE_ENTRIES.labels("l3_local").set(len(self.store.local))
         if self.store.remote is None and (self.semantic is None or not keys.normalized_question):
             return
         self._spawn(self._store_background(keys, normalized, value, expires, req.state.get(_VEC_STATE)))
@@ -138,6 +155,8 @@ class ResponseCache:
             if normalized:
                 await self.store.put_remote(normalized, value)
         if self.semantic is not None and keys.normalized_question:
+            if isinstance(vec, asyncio.Future):
+                vec = await vec
             await self.semantic.add(vec, keys.partition, keys.exact, keys.question, expires)
 
     def _spawn(self, coro) -> None:
@@ -161,6 +180,9 @@ def make(gw: "Gateway"):
         return None
     cache = ResponseCache(gw)
     gw.response_cache = cache
+    if not hasattr(gw, "cache_flushers"):
+        gw.cache_flushers = []
+    gw.cache_flushers.append(cache.flush)
     return cache
 
 

@@ -110,11 +110,32 @@ class RedisStore:
             return False
         return bool(await self._call("set", self.client.set(self.prefix + key, value, ex=max(1, ttl_s))))
 
+    async def flush(self) -> int:
+        """Delete every key under the prefix (SCAN, never KEYS: Redis stays responsive)."""
+        n = 0
+        try:
+            async for batch in _batched(self.client.scan_iter(match=self.prefix + "*", count=1000), 500):
+                n += await self.client.delete(*batch)
+        except Exception as e:
+            self._failed("flush", e)
+        return n
+
     async def close(self) -> None:
         try:
             await self.client.aclose()
         except Exception:  # pragma: no cover - best effort
             pass
+
+
+async def _batched(it, n: int):
+    batch = []
+    async for x in it:
+        batch.append(x)
+        if len(batch) >= n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 class TieredStore:
