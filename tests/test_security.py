@@ -20,7 +20,7 @@ from test_security_support import sha
 
 RUN = uuid.uuid4().hex[:8]
 KEYS = {name: f"sk-{name}-{RUN}-{uuid.uuid4().hex}" for name in (
-    "alpha", "beta", "narrow", "limited", "conc", "imgs", "capped", "admin")}
+    "alpha", "beta", "narrow", "limited", "conc", "imgs", "capped", "vtok", "admin")}
 UPSTREAM_SECRET = f"upstream-secret-{uuid.uuid4().hex}"
 
 
@@ -48,6 +48,7 @@ def env(module_servers):
                 tenant("conc", concurrent_streams=2),
                 tenant("imgs", images_per_minute=3),
                 tenant("capped", max_tokens_cap=8),
+                tenant("vtok", visual_tokens_per_minute=200),
             ],
         },
         "limits": {"max_messages": 5, "max_images_per_request": 3, "max_total_image_bytes": 40_000},
@@ -160,6 +161,22 @@ def test_images_per_minute(env):
         c.chat.completions.create(model=SIM_MODEL, messages=msg(2), max_tokens=1)
     assert "images" in ei.value.message
     # text-only requests do not spend the image budget
+    assert chat(c).choices
+
+
+def test_visual_tokens_per_minute_charged_after_the_image_stage(env):
+    c = client(env, KEYS["vtok"])
+    img = [{"role": "user", "content": [{"type": "text", "text": "x"}, image_part(640, 480)]}]
+    # the bucket (200) is positive: admitted, then charged the visual tokens actually sent (~300)
+    r = c.chat.completions.with_raw_response.create(model=SIM_MODEL, messages=img, max_tokens=1)
+    assert r.headers["x-ratelimit-limit-tokens"] == "200"
+    sent = r.headers.get("x-vlm-gateway-visual-tokens", "")
+    with pytest.raises(openai.RateLimitError) as ei:
+        c.chat.completions.create(model=SIM_MODEL, messages=img, max_tokens=1)
+    assert "visual tokens" in ei.value.message, sent
+    assert ei.value.response.headers["x-ratelimit-remaining-tokens"] == "0"
+    assert int(ei.value.response.headers["retry-after"]) >= 20
+    # text-only requests are not held back by the visual-token budget
     assert chat(c).choices
 
 
