@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from vlm_gateway.backends.sim.profiles import get_profile  # noqa: E402
 from vlm_gateway.backends.sim.workload import CALIBRATION, run_row_http, simulate_row  # noqa: E402
 
-FIT_KEYS = ["request_latency_s", "cpu_base_s", "cpu_decode_s_per_mpx", "cpu_preproc_s_per_mpx", "cpu_token_s",
+FIT_KEYS = ["request_latency_s", "cpu_base_s", "cpu_decode_s_per_mpx", "cpu_preproc_s_per_mpx", "cpu_contention",
+            "cpu_token_s",
             "ipc_s_per_ktok", "step_base_s", "step_seq_s", "kv_read_s_per_ktok", "prefill_s_per_ktok", "vit_base_s",
             "vit_s_per_ktok", "vit_quad_s_per_ktok2"]
 
@@ -43,7 +44,7 @@ def table(results) -> str:
     return "\n".join(lines)
 
 
-def loss(profile, scale=0.67) -> float:
+def loss(profile, scale=1.0) -> float:
     total = 0.0
     for row in CALIBRATION:
         ttft, rps = simulate_row(profile, row, row.requests(scale))

@@ -225,3 +225,15 @@ def test_profiles():
     assert slow.prefill_s_per_ktok == pytest.approx(cal.prefill_s_per_ktok / 0.2)
     assert slow.cpu_preproc_s_per_mpx == cal.cpu_preproc_s_per_mpx      # same host CPU model
     assert get_profile("fast", time_scale=0.5, decode_tokens_per_s=20).step_base_s == pytest.approx(0.05)
+
+
+def test_non_streaming_client_disconnect_aborts(module_servers):
+    sim = module_servers.sim(profile="rtx4060ti", echo=False, time_scale=0.5)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(sim.base_url + "/chat/completions", timeout=0.3, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000})
+    deadline = time.time() + 5
+    while time.time() < deadline and sim.sim_stats()["aborted"] == 0:
+        time.sleep(0.05)
+    stats = sim.sim_stats()
+    assert stats["aborted"] == 1 and stats["running"] == 0

@@ -181,6 +181,13 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
                     "prompt_tokens_details": {"cached_tokens": job.cached_tokens}}
 
         if not stream:
+            async def watch_disconnect() -> None:
+                # the body is read: the next message is the client going away
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                engine.abort(job)
+
+            watcher = asyncio.ensure_future(watch_disconnect())
             try:
                 if stall:
                     await asyncio.sleep(stall)
@@ -189,6 +196,8 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
             except asyncio.CancelledError:
                 engine.abort(job)
                 raise
+            finally:
+                watcher.cancel()
             if job.aborted:
                 return _error("request aborted", 499)
             if malformed:

@@ -1,39 +1,47 @@
 """The simulated engine: vLLM's request path, timed by a profile.
 
-Two stages, both running as asyncio tasks on the server's event loop:
+A request passes four stages (asyncio tasks on the server's event loop):
 
+0. **Arrival** (``request_latency_s``): HTTP, JSON and base64 parsing, chat
+   template and tokenisation. Pure latency: requests do not queue for it.
 1. **API-server CPU** (one FIFO worker, like vLLM's single API-server process):
-   every request pays ``cpu_base_s`` plus, per image, ``cpu_decode_s_per_mpx`` x
-   source megapixels (decode + hash, always) and ``cpu_preproc_s_per_mpx`` x source
-   megapixels (resize/normalise/patchify; skipped when the same image was
-   processed recently, vLLM's multimodal processor cache). All of it is
-   multiplied by ``1 + cpu_contention x (requests in the server - 1)``: the same
-   process also streams every running request's tokens, so preprocessing slows
-   down as concurrency grows (that is what makes the measured 1080p throughput
-   drop from concurrency 16 to 64).
-2. **Engine steps** (continuous batching with chunked prefill, vLLM V1): each
+   ``cpu_base_s`` + per image ``cpu_decode_s_per_mpx`` x source megapixels
+   (decode + hash, always) + ``cpu_preproc_s_per_mpx`` x source megapixels
+   (resize / normalise / patchify; skipped when the same image was processed
+   recently: vLLM's multimodal processor cache), times ``1 + cpu_contention x
+   (requests in the server - 1)``. The same process streams every running
+   request's tokens: each token the engine emits adds ``cpu_token_s`` of work
+   that delays the preprocessing in progress.
+2. **Hand-over to the engine process** (one FIFO worker): ``ipc_s_per_ktok`` x
+   visual ktokens of images that were preprocessed (the pixel tensors travel to
+   the engine core; a cache hit sends only the hash).
+3. **Engine steps** (continuous batching with chunked prefill, vLLM V1): each
    step schedules one token for every decoding sequence, then prefill chunks of
-   the running, then the waiting requests (FIFO) within ``max_num_batched_tokens``;
-   at most ``max_num_seqs`` run at once and a request is admitted only when the
-   KV pool can hold it. A prompt's cached prefix (prefix_cache.py) is not
-   prefilled, and an image whose tokens are all cached is not encoded again.
-   Step time::
+   the running, then of the waiting requests (FIFO) within
+   ``max_num_batched_tokens``; at most ``max_num_seqs`` run at once and a
+   request is admitted only when the KV pool can hold it. A prompt's cached
+   prefix (prefix_cache.py) is not prefilled, and an image whose tokens are all
+   cached is not encoded again. Step time::
 
-       (step_base_s + step_seq_s * seqs + kv_read_s_per_ktok * decode context/1000
-        + prefill_s_per_ktok * prefill tokens/1000
-        + sum over images encoded this step (vit_s_per_ktok * t + vit_quad_s_per_ktok2 * t^2), t = ktokens)
-       * (1 + step_contention * (requests in the server - 1))
+       step_base_s + step_seq_s x sequences in the step
+       + kv_read_s_per_ktok x context ktokens of the decoding sequences
+       + prefill_s_per_ktok x prefill ktokens
+       + per image encoded in the step: vit_base_s + vit_s_per_ktok x t + vit_quad_s_per_ktok2 x t^2
+         (t = its visual ktokens; the square is the ViT's full attention over the patches)
 
-   Every sequence of the step gets its token at the end of the step (the first
-   token comes with the step that completes the prefill), so prefill of one
-   request stretches the decode of all others and concurrent prefills share the
-   GPU, as on the real engine. The ViT's quadratic term is its full attention
-   over the image's patches; it dominates for 12 MP photos.
+   Every sequence of a step gets its token when the step ends (the first token
+   comes with the step that completes the prefill), so one request's prefill
+   stretches everybody's decode and concurrent prefills share the GPU, as on
+   the real engine; decode slows as sequences are added.
 
-The timing constants live in profiles.yaml (fit and reproduction table:
-docs/benchmarks/simulator.md, benchmarks/sim_calibration.py). ``time_scale``
-multiplies every delay (0.1 = ten times faster than real time); reported
-latencies (metrics) are wall-clock seconds.
+Fitted constants of ``h200-qwen3vl-2b`` (profiles.yaml; fit and reproduction
+table in docs/benchmarks/simulator.md, ``benchmarks/sim_calibration.py``):
+FITTED_CONSTANTS
+
+``time_scale`` multiplies every delay (0.1 = ten times faster than real time).
+Stages pace themselves on a running schedule, so a busy event loop's lag is
+caught up (up to 0.25 s) instead of accumulating. Latency metrics are in
+simulated seconds.
 """
 
 from __future__ import annotations
@@ -111,6 +119,7 @@ class Job:
         self.needs_transfer = False
         self.transfer_ktok = 0.0
         self.t_arrival = engine.now()
+        self.t_ready = self.t_arrival   # scheduled time it is due at its next stage
         self.t_first: float | None = None
         self._queue: asyncio.Queue[int] = asyncio.Queue()
 
@@ -168,13 +177,14 @@ class _SerialStage:
                 self.debt = 0.0              # streaming done while idle delayed nobody
                 continue
             job = self.queue[0]
-            await clock.sleep(self.cost(job) * scale)
+            end = await clock.sleep(self.cost(job) * scale, job.t_ready)
             while self.debt > 1e-9:
                 d, self.debt = self.debt, 0.0
-                await clock.sleep(d * scale)
+                end = await clock.sleep(d * scale)
             if job.state != self.name:
                 continue                     # aborted meanwhile (already removed)
             self.queue.popleft()
+            job.t_ready = end
             self.nxt(job)
 
 
@@ -238,10 +248,11 @@ class SimEngine:
         self.received += 1
         job = Job(self, spec, max_tokens)
         delay = self.profile.request_latency_s * self.profile.time_scale
+        job.t_ready = job.t_arrival + delay
         if delay > 0:
             job.state = "arriving"
             self.arriving.append(job)
-            asyncio.get_running_loop().call_later(delay, self._arrive, job)
+            asyncio.get_running_loop().call_at(job.t_ready, self._arrive, job)
         else:
             self.api.put(job)
         return job
@@ -408,7 +419,8 @@ class SimEngine:
                 self._wake_step.clear()
                 await self._wake_step.wait()
                 continue
-            await clock.sleep(dt * self.profile.time_scale)
+            await clock.sleep(dt * self.profile.time_scale,
+                              min((j.t_ready for j, _ in chunks), default=None))
             for j in decode:
                 if j.state == "running":
                     self._emit(j)
@@ -422,8 +434,11 @@ class SimEngine:
 
 
 class _Pacer:
-    """Sleeps on a running schedule: a step that overran (a busy event loop) is
-    absorbed by shortening the next sleeps, up to ``max_debt_s`` behind."""
+    """Sleeps on a running schedule. A step that overran (a busy event loop) is
+    absorbed by shortening the next sleeps, up to ``max_debt_s`` behind; after
+    an idle spell the schedule resumes at the time the work was due
+    (``not_before``: when the previous stage was scheduled to hand it over), so
+    wake-up delays do not add up from stage to stage."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_debt_s: float = 0.25) -> None:
         self.loop = loop
@@ -433,12 +448,15 @@ class _Pacer:
     def idle(self) -> None:
         self.t = None
 
-    async def sleep(self, dt: float) -> None:
+    async def sleep(self, dt: float, not_before: float | None = None) -> float:
+        """Sleep until the scheduled end of ``dt`` of work; returns that time."""
         now = self.loop.time()
-        start = now if self.t is None else max(self.t, now - self.max_debt)
+        start = self.t if self.t is not None else not_before
+        start = now if start is None else max(start, not_before or start, now - self.max_debt)
         deadline = start + dt
         await asyncio.sleep(max(0.0, deadline - now))
         self.t = deadline
+        return deadline
 
 
 def _remove(q: deque, job: Job) -> None:
