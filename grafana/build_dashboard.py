@@ -36,7 +36,7 @@ def ratio_by(hits: str, total: str, by: str) -> str:
 
 # L2 is the backends' prefix cache, reached by routing: its "hit" is a routing decision
 # that followed the backend already holding the request's prefix.
-_AFF = 'vlm_gateway_routing_decisions_total{outcome=~"affinity|affinity_weak|affinity_overloaded|load"}'
+_AFF = 'vlm_gateway_routing_decisions_total{outcome=~"affinity|home|affinity_overloaded|home_overloaded"}'
 L2_AFFINITY = (f'label_replace((sum(rate(vlm_gateway_routing_decisions_total{{outcome="affinity"}}{W}))'
                f" or 0 * sum(rate({_AFF}{W}))) / sum(rate({_AFF}{W})), \"level\", \"l2\", \"\", \"\")")
 

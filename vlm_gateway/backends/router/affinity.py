@@ -15,9 +15,17 @@ last served a request containing it (``served`` hook, called after a send).
 
     match      = longest k_j in the map whose backend is a candidate
     fraction   = tokens_j / tokens_total
+    home       = argmax over candidates of H(root || name)    (rendezvous hashing)
+                 root = the key after the conversation's first user message
+    b          = match if fraction >= min_match, else home
     extra      = (load(b) - min over candidates of load) * capacity(b)   (sequences)
-    follow it  if fraction >= min_match and load(b) <= max_load and extra <= max_extra
+    follow b   if load(b) <= max_load and extra <= max_extra
     otherwise  rank by least_loaded.load (ties rotate)
+
+The map is per process; ``home`` needs no shared state, so every worker and
+every replica sends a conversation it has never seen to the same backend (its
+first turn went there too, unless that backend was overloaded), and distinct
+conversations spread evenly over the pool.
 
 Parameters (``routing.*``): ``affinity_max_load`` (0.9: past 90 % of the
 profile's slots the cache hit costs more than the queue), ``affinity_max_extra_seqs``
@@ -90,9 +98,12 @@ def prefix_keys(req, include_images: bool = True) -> tuple[list[tuple[bytes, int
         req.state[slot] = result
         return result
     images = {(i.message, i.index): i for i in req.images}
+    root = None
     for mi, msg in enumerate(req.body.get("messages") or ()):
         if not isinstance(msg, dict):
             continue
+        if root is None and keys and mi and _is_user(req.body["messages"][mi - 1]):
+            root = keys[-1][0]
         h.update(b"\x00" + str(msg.get("role")).encode() + b"\x01")
         tokens += 4  # chat-template markers around a message
         extra = {k: v for k, v in msg.items() if k not in ("role", "content")}
@@ -124,9 +135,28 @@ def prefix_keys(req, include_images: bool = True) -> tuple[list[tuple[bytes, int
                 h.update(orjson.dumps(part, option=orjson.OPT_SORT_KEYS))
                 tokens += MARKER_TOKENS
             keys.append((h.digest(), tokens))
+    if root is None and keys:
+        root = keys[-1][0]
+    req.state[slot + "_root"] = root or h.digest()
     result = (keys, max(tokens, 1))
     req.state[slot] = result
     return result
+
+
+def _is_user(msg) -> bool:
+    return isinstance(msg, dict) and msg.get("role") == "user"
+
+
+def root_key(req, include_images: bool = True) -> bytes:
+    """The chained key after the conversation's first user message."""
+    slot = "affinity_keys" if include_images else "affinity_keys_text"
+    prefix_keys(req, include_images)
+    return req.state[slot + "_root"]
+
+
+def home(root: bytes, candidates):
+    """Rendezvous (highest random weight) choice: stable for a root, even across roots."""
+    return max(candidates, key=lambda b: hashlib.blake2b(root + b.name.encode(), digest_size=8).digest())
 
 
 class PrefixMap:
@@ -193,18 +223,16 @@ class PrefixAffinity:
         if len(candidates) <= 1:
             return ranked
         b, fraction = self.match(req, candidates)
-        if b is None:
-            outcome = "load"
-        elif fraction < self.min_match:
-            outcome = "affinity_weak"
-        elif load(b) > self.max_load or \
+        followed = "affinity"
+        if b is None or fraction < self.min_match:
+            # never seen here (or only a short shared prefix): the conversation's home
+            b, followed = home(root_key(req, self.include_images), candidates), "home"
+        if load(b) > self.max_load or \
                 (load(b) - load(ranked[0])) * (b.capacity or DEFAULT_CAPACITY) > self.max_extra:
-            outcome = "affinity_overloaded"
-        else:
-            metrics.ROUTING.labels(self.name, "affinity").inc()
-            return [b] + [x for x in ranked if x is not b]
-        metrics.ROUTING.labels(self.name, outcome).inc()
-        return ranked
+            metrics.ROUTING.labels(self.name, f"{followed}_overloaded").inc()
+            return ranked
+        metrics.ROUTING.labels(self.name, followed).inc()
+        return [b] + [x for x in ranked if x is not b]
 
     def served(self, req, backend) -> None:
         keys, _ = prefix_keys(req, self.include_images)
