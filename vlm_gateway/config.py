@@ -117,9 +117,11 @@ class ImagesConfig:
     trim_tolerance: int = 8
     jpeg_quality: int = 90
     # Final filter (lanczos | bicubic | bilinear) after a cheap pre-reduction (JPEG DCT
-    # scaling, Image.reduce) that keeps at least prescale_gap x the target size.
+    # scaling, Image.reduce) that keeps at least prescale_gap x the target size. 1.2 lets a
+    # 1080p JPEG decode at half size (960x540 for a 768x448 target): about 2x faster than 2.0
+    # for -0.01 to -0.8 dB, every output still >= 37 dB against the float64 Lanczos reference.
     resample: Literal["lanczos", "bicubic", "bilinear"] = "bicubic"
-    prescale_gap: float = 2.0
+    prescale_gap: float = 1.2
     # Remember a fetched URL's content hash this long (a repeat skips the fetch on an L1 hit).
     url_cache_ttl_s: float = 300.0
     # L1 rewritten-image cache.

@@ -30,7 +30,7 @@ class Policy:
     trim_tolerance: int = 8
     jpeg_quality: int = 90
     resample: str = "bicubic"
-    prescale_gap: float = 2.0
+    prescale_gap: float = 1.2
     # "off": never rewrite (a backend cap still applies)
     enabled: bool = True
 
