@@ -31,9 +31,10 @@ from PIL import Image, ImageDraw
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from vlm_gateway.vision_tokens import target_size, visual_tokens  # noqa: E402
 
-DIRECT = "http://127.0.0.1:8000/v1"
-GATEWAY = "http://127.0.0.1:8080/v1"
-MODEL = "qwen3vl"
+DIRECT = os.environ.get("LOADGEN_DIRECT", "http://127.0.0.1:8000/v1")
+GATEWAY = os.environ.get("LOADGEN_GATEWAY", "http://127.0.0.1:8080/v1")
+MODEL = os.environ.get("LOADGEN_MODEL", "qwen3vl")
+ENGINE_PORTS = [int(p) for p in os.environ.get("LOADGEN_ENGINE_PORTS", "8000,8001").split(",")]
 
 
 # -- synthetic images -----------------------------------------------------------------------
@@ -54,10 +55,12 @@ def screenshot(seed: int, w: int = 1920, h: int = 1080) -> Image.Image:
 
 
 def photo(seed: int, w: int = 4032, h: int = 3024) -> Image.Image:
+    """Photo-like: smooth colour structure plus fine grain in every channel (many colours)."""
     rnd = random.Random(seed)
-    small = Image.effect_noise((w // 16, h // 16), 60 + rnd.randrange(40)).convert("RGB")
-    tint = Image.new("RGB", small.size, (rnd.randrange(256), rnd.randrange(256), rnd.randrange(256)))
-    return Image.blend(small, tint, 0.5).resize((w, h), Image.BICUBIC)
+    coarse = Image.merge("RGB", [Image.effect_noise((w // 64, h // 64), 80 + rnd.randrange(40))
+                                 for _ in range(3)]).resize((w, h), Image.BICUBIC)
+    grain = Image.merge("RGB", [Image.effect_noise((w // 2, h // 2), 20) for _ in range(3)]).resize((w, h))
+    return Image.blend(coarse, grain, 0.25)
 
 
 def jpeg(im: Image.Image, q: int = 90) -> bytes:
@@ -213,6 +216,7 @@ def cmd_affinity(a) -> dict:
                     "stream_options": {"include_usage": True}, "messages": msgs}
             r = await stream_one(s, GATEWAY, body)
             r["turn"] = t
+            r["prev_prompt"] = out[-1]["usage"]["prompt_tokens"] if out and out[-1].get("usage") else None
             out.append(r)
             if not r["ok"]:
                 break
@@ -241,6 +245,10 @@ def cmd_affinity(a) -> dict:
     ok = [r for r in results if r["ok"]]
     ttfts = sorted(r["ttft"] * 1000 for r in ok)
     later = [r for r in ok if r["turn"] > 0 and r["usage"]]
+    # a later turn "hits" when the engine had its whole previous turn cached (16-token blocks)
+    prefix_hits = sum(1 for r in later if r["prev_prompt"] and
+                      ((r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+                      >= r["prev_prompt"] - 16)
     cached = sum((r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0 for r in later)
     prompt = sum(r["usage"]["prompt_tokens"] for r in later)
     hits = sum(after[k][0] - before[k][0] for k in after)
@@ -250,6 +258,7 @@ def cmd_affinity(a) -> dict:
            "ttft_p50_ms": statistics.median(ttfts), "ttft_p99_ms": ttfts[int(0.99 * (len(ttfts) - 1))],
            "ttft_mean_ms": statistics.fmean(ttfts),
            "later_turns_cached_token_ratio": cached / prompt if prompt else None,
+           "later_turns_prefix_hit_rate": prefix_hits / len(later) if later else None,
            "engine_prefix_hit_rate": hits / queries if queries else None,
            "per_backend": {b: sum(1 for r in ok if r["backend"] == b) for b in {r["backend"] for r in ok}}}
     print(json.dumps(res), flush=True)
@@ -259,7 +268,7 @@ def cmd_affinity(a) -> dict:
 async def engine_prefix(s: aiohttp.ClientSession) -> dict[str, tuple[float, float]]:
     """(prefix_cache_hits_total, prefix_cache_queries_total) per engine."""
     out = {}
-    for port in (8000, 8001):
+    for port in ENGINE_PORTS:
         try:
             async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
                 text = await r.text()
