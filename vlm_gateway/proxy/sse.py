@@ -133,6 +133,9 @@ def replay(completion: dict, include_usage: bool) -> Iterator[bytes]:
                                                                   "content": ""},
                                           "logprobs": None, "finish_reason": None}]})
         delta: dict[str, Any] = {}
+        for k in ("reasoning_content", "reasoning", "refusal"):  # reasoning models, refusals
+            if msg.get(k):
+                delta[k] = msg[k]
         if msg.get("content"):
             delta["content"] = msg["content"]
         if msg.get("tool_calls"):

@@ -222,6 +222,9 @@ class SemanticCache:
         self.pending = 0
         self.skipped = 0
         self.origin = os.urandom(8).hex()
+        # worker-thread only
+        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.memo_size = 4096
         self.redis = None
         self.stream_key = ""
         self.stream_max = max_total
@@ -242,13 +245,25 @@ class SemanticCache:
         finally:
             self.pending -= 1
 
+    def _vector(self, question: str) -> np.ndarray:
+        """The question's embedding, memoised: the same question about many images
+        ("Describe this image.") is common, and the encoder is the costly part."""
+        v = self._memo.get(question)
+        if v is None:
+            v = self._memo[question] = self.embedder.embed_one(question)
+            if len(self._memo) > self.memo_size:
+                self._memo.popitem(last=False)
+        else:
+            self._memo.move_to_end(question)
+        return v
+
     async def embed(self, question: str) -> np.ndarray | None:
-        return await self._run(self.embedder.embed_one, question)
+        return await self._run(self._vector, question)
 
     def _lookup_sync(self, part: str, question: str) -> tuple[np.ndarray, Match | None, str]:
         # The model was trained on natural sentences: it embeds the question as sent
         # (measured: better recall at equal precision than the normalised text).
-        vec = self.embedder.embed_one(question)
+        vec = self._vector(question)
         if part not in self.index.partitions:
             return vec, None, "empty"
         content = guard.content_words(question, question)
@@ -273,7 +288,7 @@ class SemanticCache:
     def _add_sync(self, vec: np.ndarray | None, part: str, exact_key: str, question: str,
                   expires: float) -> tuple[Entry, np.ndarray]:
         if vec is None:
-            vec = self.embedder.embed_one(question)
+            vec = self._vector(question)
         e = Entry(self.index.new_id(), part, exact_key, question, guard.content_words(question, question), expires)
         self.index.add(vec, e)
         return e, vec
