@@ -2,8 +2,9 @@
 real vLLM measurements (vlm_gateway/backends/sim/workload.py: CALIBRATION).
 
     python benchmarks/sim_calibration.py                 # model vs measured, offline (virtual clock)
-    python benchmarks/sim_calibration.py --live 0.1      # same rows over HTTP against a spawned
-                                                         # simulator at time scale 0.1
+    python benchmarks/sim_calibration.py --live 1        # same rows over HTTP (real JPEGs, OpenAI SDK)
+                                                         # against a spawned simulator in real time
+    python benchmarks/sim_calibration.py --live 0        # ... at each row's test time scale
     python benchmarks/sim_calibration.py --fit           # refit the timing constants (needs scipy)
 
 The fit minimises the squared log-ratios of TTFT p50 and req/s over all rows,
@@ -93,13 +94,21 @@ def live(scale: float, profile: str) -> None:
             except httpx.HTTPError:
                 time.sleep(0.05)
         results = []
+        url = f"http://127.0.0.1:{port}"
         for row in CALIBRATION:
             t = time.perf_counter()
-            results.append((row, asyncio.run(run_row_http(f"http://127.0.0.1:{port}/v1", "qwen3vl-sim", row,
-                                                          time_scale=scale))))
-            httpx.post(f"http://127.0.0.1:{port}/sim/faults", json={"reset_cache": True})
-            print(f"{row.label}: {results[-1][1][0]:.0f} ms, {results[-1][1][1]:.2f} req/s "
-                  f"({time.perf_counter() - t:.1f} s wall)", flush=True)
+            # this machine's own per-request cost, which a time scale would magnify
+            httpx.post(url + "/sim/config", json={"time_scale": 1e-4, "reset_cache": True})
+            probe = replace(row, concurrency=1, same_image=False)
+            overhead_ms, _ = asyncio.run(run_row_http(url + "/v1", "qwen3vl-sim", probe, n=3))
+            ts = scale or row.time_scale()
+            httpx.post(url + "/sim/config", json={"time_scale": ts, "reset_cache": True})
+            res = asyncio.run(run_row_http(url + "/v1", "qwen3vl-sim", row, time_scale=ts,
+                                           overhead_s=overhead_ms / 1000.0 if ts < 1 else 0.0))
+            results.append((row, res))
+            print(f"{row.label}: {res[0]:.0f} ms, {res[1]:.2f} req/s (time scale {ts:.2f}, loopback overhead "
+                  f"{overhead_ms:.1f} ms{' subtracted' if ts < 1 else ''}, {time.perf_counter() - t:.1f} s wall)",
+                  flush=True)
         print(table(results))
     finally:
         proc.terminate()
@@ -110,12 +119,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default="h200-qwen3vl-2b")
     ap.add_argument("--fit", action="store_true")
-    ap.add_argument("--live", type=float, metavar="TIME_SCALE")
+    ap.add_argument("--live", type=float, metavar="TIME_SCALE",
+                    help="run over HTTP at this time scale (0 = each row's test scale)")
     args = ap.parse_args()
     base = get_profile(args.profile)
     if args.fit:
         fit(base)
-    elif args.live:
+    elif args.live is not None:
         live(args.live, args.profile)
     else:
         print(table([(r, simulate_row(base, r)) for r in CALIBRATION]))
