@@ -172,3 +172,26 @@ def test_lookup_queue_is_bounded(embedder):
         cache.pool.shutdown()
     reasons = [r[2] for r in res]
     assert reasons.count("queue_full") == 6 and cache.skipped == 6
+
+
+def test_small_partitions_are_matrices_then_flat_indexes():
+    rng = np.random.default_rng(1)
+    dim = 16
+    idx = SemanticIndex(dim, max_per_partition=80, max_total=10_000, hnsw_above=1000)
+    vecs = rng.standard_normal((100, dim)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    c = guard.Content(("x",), frozenset())
+    for i in range(50):
+        idx.add(vecs[i], Entry(idx.new_id(), "p", f"k{i}", "x", c, time.time() + 60))
+    p = idx.partitions["p"]
+    assert p.index is None and len(p) == 50
+    assert idx.search("p", vecs[7], c, 0.99)[0].entry.exact_key == "k7"
+    idx._remove("p", [next(iter(p.entries))])  # k0 out of the matrix
+    assert idx.search("p", vecs[0], c, 0.99)[0] is None
+    assert idx.search("p", vecs[49], c, 0.99)[0].entry.exact_key == "k49"
+    for i in range(50, 100):
+        idx.add(vecs[i], Entry(idx.new_id(), "p", f"k{i}", "x", c, time.time() + 60))
+    assert p.index is not None and not p.hnsw and len(p) == 80  # capped: oldest evicted
+    assert idx.search("p", vecs[99], c, 0.99)[0].entry.exact_key == "k99"
+    assert idx.search("p", vecs[10], c, 0.99)[0] is None
+    assert idx.search("p", vecs[30], c, 0.99)[0].entry.exact_key == "k30"

@@ -62,56 +62,96 @@ class Match:
 
 
 class Partition:
+    """One partition's vectors. Most partitions are tiny (one image, a few questions),
+    so up to ``SMALL`` entries they are a plain numpy matrix (a FAISS index object
+    per partition measured ~3.6 KB per single-entry partition, twice the vector);
+    above that an exact FAISS flat index, and HNSW when asked for."""
+
+    SMALL = 64
+
     def __init__(self, dim: int, hnsw: bool = False) -> None:
-        import faiss
         self.dim = dim
         self.hnsw = hnsw
+        self.index = self._faiss(dim, hnsw) if hnsw else None
+        self.vecs = np.zeros((0, dim), np.float32)  # small mode: rows aligned with self.ids
+        self.ids: list[int] = []
+        self.entries: OrderedDict[int, Entry] = OrderedDict()  # oldest first
+        self.dead = 0
+
+    @staticmethod
+    def _faiss(dim: int, hnsw: bool):
+        import faiss
         if hnsw:
             base = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
             base.hnsw.efSearch = HNSW_EF_SEARCH
         else:
             base = faiss.IndexFlatIP(dim)
-        self.index = faiss.IndexIDMap2(base)
-        self.entries: OrderedDict[int, Entry] = OrderedDict()  # oldest first
-        self.dead = 0
+        return faiss.IndexIDMap2(base)
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def add(self, vecs: np.ndarray, entries: list[Entry]) -> None:
-        self.index.add_with_ids(vecs, np.fromiter((e.id for e in entries), np.int64, len(entries)))
         for e in entries:
             self.entries[e.id] = e
+        ids = [e.id for e in entries]
+        if self.index is None:
+            self.vecs = np.vstack([self.vecs, vecs]) if len(self.ids) else np.array(vecs, np.float32)
+            self.ids += ids
+            if len(self.ids) > self.SMALL:
+                self.index = self._faiss(self.dim, False)
+                self.index.add_with_ids(self.vecs, np.asarray(self.ids, np.int64))
+                self.vecs, self.ids = np.zeros((0, self.dim), np.float32), []
+            return
+        self.index.add_with_ids(vecs, np.asarray(ids, np.int64))
 
     def remove(self, ids: list[int]) -> None:
         for i in ids:
             self.entries.pop(i, None)
-        if not self.hnsw:
+        if self.index is None:
+            keep = [r for r, i in enumerate(self.ids) if i in self.entries]
+            self.vecs, self.ids = self.vecs[keep], [self.ids[r] for r in keep]
+        elif not self.hnsw:
             self.index.remove_ids(np.asarray(ids, np.int64))
-            return
-        self.dead += len(ids)
-        if self.dead > max(64, self.index.ntotal // 5):
-            self.rebuild(hnsw=True)
+        else:
+            self.dead += len(ids)
+            if self.dead > max(64, self.index.ntotal // 5):
+                self.rebuild(hnsw=True)
+
+    def _vectors(self) -> np.ndarray:
+        if self.index is None:
+            return self.vecs
+        if not self.entries:
+            return np.zeros((0, self.dim), np.float32)
+        return np.vstack([self.index.reconstruct(int(i)) for i in self.entries])
 
     def rebuild(self, hnsw: bool) -> None:
         """Re-create the index from the live entries (HNSW eviction, or flat -> HNSW)."""
-        ids = np.fromiter(self.entries.keys(), np.int64, len(self.entries))
-        vecs = np.vstack([self.index.reconstruct(int(i)) for i in ids]) if len(ids) else \
-            np.zeros((0, self.dim), np.float32)
-        fresh = Partition(self.dim, hnsw)
-        fresh.add(vecs, list(self.entries.values()))
-        self.index, self.hnsw, self.dead = fresh.index, hnsw, 0
+        vecs = self._vectors()
+        entries = list(self.entries.values())
+        self.index, self.hnsw, self.dead = self._faiss(self.dim, hnsw), hnsw, 0
+        self.vecs, self.ids = np.zeros((0, self.dim), np.float32), []
+        if entries:
+            self.index.add_with_ids(np.ascontiguousarray(vecs, np.float32),
+                                    np.asarray([e.id for e in entries], np.int64))
 
     def search(self, vec: np.ndarray, k: int) -> list[Match]:
         if not self.entries:
             return []
-        k = min(k + (self.dead if self.hnsw else 0), self.index.ntotal)
-        sims, ids = self.index.search(vec.reshape(1, -1), k)
+        if self.index is None:
+            sims = self.vecs @ vec
+            top = np.argsort(-sims)[:k]
+            return [Match(self.entries[self.ids[r]], float(sims[r])) for r in top]
+        # HNSW keeps tombstones until a rebuild: ask for more and drop the dead ones
+        want = min(max(4 * k, k + 16) if self.hnsw else k, self.index.ntotal)
+        sims, ids = self.index.search(vec.reshape(1, -1), want)
         out = []
-        for s, i in zip(sims[0], ids[0]):
+        for s_, i in zip(sims[0], ids[0]):
             e = self.entries.get(int(i))
             if e is not None:
-                out.append(Match(e, float(s)))
+                out.append(Match(e, float(s_)))
+                if len(out) == k:
+                    break
         return out
 
 
