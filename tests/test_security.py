@@ -284,6 +284,25 @@ def test_admin_drain_and_undrain(env):
     assert post(env, body(model="slow-sim", max_tokens=1), KEYS["alpha"]).status_code == 200
 
 
+def test_admin_cache_flush(env):
+    base, h = env["gw"].url, {"authorization": f"Bearer {KEYS['admin']}"}
+    c = client(env, KEYS["alpha"])
+    q = [{"role": "user", "content": f"flush me {uuid.uuid4().hex}"}]
+
+    def state():
+        raw = c.chat.completions.with_raw_response.create(model=SIM_MODEL, messages=q, max_tokens=2, temperature=0)
+        return raw.headers["x-vlm-gateway-cache"]
+    assert state() == "miss"
+    deadline = time.time() + 5
+    while state() != "hit-exact" and time.time() < deadline:
+        time.sleep(0.05)
+    assert state() == "hit-exact"
+    assert httpx.post(base + "/admin/cache/flush").status_code == 401
+    r = httpx.post(base + "/admin/cache/flush", headers=h)
+    assert r.status_code == 200 and sum(v or 0 for v in r.json()["flushed"].values()) >= 1
+    assert state() == "miss"
+
+
 def test_openapi_is_served(env):
     spec = httpx.get(env["gw"].url + "/openapi.json").json()
     assert spec["openapi"].startswith("3.")
