@@ -225,6 +225,7 @@ def test_profiles():
     assert slow.prefill_s_per_ktok == pytest.approx(cal.prefill_s_per_ktok / 0.2)
     assert slow.cpu_preproc_s_per_mpx == cal.cpu_preproc_s_per_mpx      # same host CPU model
     assert get_profile("fast", time_scale=0.5, decode_tokens_per_s=20).step_base_s == pytest.approx(0.05)
+    assert get_profile("fast", max_num_seqs=3).max_num_seqs == 3
 
 
 def test_non_streaming_client_disconnect_aborts(module_servers):

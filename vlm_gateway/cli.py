@@ -72,7 +72,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from .backends.sim.profiles import get_profile
     _setup_logging("info", "text")
     try:
-        prof = get_profile(args.profile, time_scale=args.time_scale, decode_tokens_per_s=args.token_rate)
+        prof = get_profile(args.profile, time_scale=args.time_scale, decode_tokens_per_s=args.token_rate,
+                           max_num_seqs=getattr(args, "max_num_seqs", None))
     except KeyError as e:
         print(f"vlm-gateway sim: {e.args[0]}", file=sys.stderr)
         return 2
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--time-scale", type=float, default=1.0, help="0.1 = ten times faster than real time")
     m.add_argument("--token-rate", type=float, default=None, help="decode tokens/s of one sequence")
     m.add_argument("--echo", action="store_true", help="answer with the last user text, then filler")
+    m.add_argument("--max-num-seqs", type=int, default=None, help="override the profile's concurrent sequences")
     m.set_defaults(func=cmd_sim)
 
     h = sub.add_parser("hash-key", help="print the sha256 of an API key for auth.tenants[].key_sha256")

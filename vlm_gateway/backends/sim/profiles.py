@@ -41,9 +41,11 @@ def profile_names() -> list[str]:
     return sorted(load_profiles())
 
 
-def get_profile(name: str, time_scale: float = 1.0, decode_tokens_per_s: float | None = None) -> SimProfile:
+def get_profile(name: str, time_scale: float = 1.0, decode_tokens_per_s: float | None = None,
+                max_num_seqs: int | None = None) -> SimProfile:
     """A copy of profile ``name`` (KeyError if unknown) at ``time_scale``; a
-    ``decode_tokens_per_s`` sets the single-sequence decode rate."""
+    ``decode_tokens_per_s`` sets the single-sequence decode rate, ``max_num_seqs``
+    the concurrent sequences."""
     profiles = load_profiles()
     if name not in profiles:
         raise KeyError(f"unknown simulator profile {name!r}; known: {', '.join(sorted(profiles))}")
@@ -52,4 +54,6 @@ def get_profile(name: str, time_scale: float = 1.0, decode_tokens_per_s: float |
     p = replace(profiles[name], time_scale=time_scale, name=name)
     if decode_tokens_per_s:
         p = replace(p, decode_tokens_per_s=decode_tokens_per_s)   # __post_init__ sets step_base_s
+    if max_num_seqs:
+        p = replace(p, max_num_seqs=max_num_seqs)
     return p
