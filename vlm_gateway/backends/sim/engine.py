@@ -29,7 +29,8 @@ A request passes four stages (asyncio tasks on the server's event loop):
        + per image encoded in the step: vit_base_s + vit_s_per_ktok x t + vit_quad_s_per_ktok2 x t^2
          (t = its visual ktokens; the square is the ViT's full attention over the patches)
 
-   Every sequence of a step gets its token when the step ends (the first token
+   (times ``1 + step_contention x (requests in the server - 1)``; 0 in the
+   shipped profiles). Every sequence of a step gets its token when the step ends (the first token
    comes with the step that completes the prefill), so one request's prefill
    stretches everybody's decode and concurrent prefills share the GPU, as on
    the real engine; decode slows as sequences are added.

@@ -60,7 +60,7 @@ def image_info(data: bytes) -> tuple[int, int, bytes]:
     try:
         with Image.open(io.BytesIO(data)) as im:
             w, h = im.size
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
         raise PromptError(f"cannot identify image file: {e}") from None
     return w, h, hashlib.sha256(data).digest()
 
