@@ -114,6 +114,11 @@ def test_two_gateways_share_exact_and_semantic_entries(servers, redis_server):
     # the second process followed the semantic entries through Redis
     assert _until(lambda: semantic_entries(gw2) >= semantic_entries(gw1) >= 1)
     assert ask(a2, [user(para, receipt)])[0] == "hit-semantic"
+    # a replica started later loads the persisted entries before it serves
+    gw3 = servers.gateway(cfg, backends=[sim])
+    assert semantic_entries(gw3) >= semantic_entries(gw1)
+    a3 = openai.OpenAI(base_url=gw3.base_url, api_key="key-a", max_retries=0)
+    assert ask(a3, [user(para, receipt)])[0] == "hit-semantic"
 
 
 def test_redis_stopped_or_stalled_mid_run_counts_as_a_miss(servers, redis_server):
