@@ -28,11 +28,14 @@ def data_uri(w: int, h: int, seed: int) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(make_jpeg(w, h, seed)).decode()
 
 
-def metric(text: str, name: str) -> float:
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    found, total = False, 0.0
     for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not in metrics")
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            found, total = True, total + float(line.rsplit(" ", 1)[1])
+    assert found, f"{name} {labels} not in metrics"
+    return total
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +155,9 @@ def test_max_num_seqs_queues_and_cancel_frees_the_slot(module_servers):
     assert done and done[0].usage.completion_tokens == 4  # the waiting request got the slot
     stats = sim.sim_stats()
     assert stats["aborted"] == 1 and stats["finished"] == 1 and stats["running"] == 0
-    assert metric(httpx.get(sim.url + "/metrics").text, "vllm:request_aborted_total") == 1
+    m = httpx.get(sim.url + "/metrics").text
+    assert metric(m, "vllm:request_success_total", finished_reason="abort") == 1
+    assert metric(m, "vllm:request_success_total", finished_reason="length") == 1
 
 
 def test_metric_names_vllm_and_trtllm(fast_sim, module_servers):
@@ -161,7 +166,7 @@ def test_metric_names_vllm_and_trtllm(fast_sim, module_servers):
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
                  "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
                  "vllm:e2e_request_latency_seconds_count"):
-        assert f'{name}{{model_name="{MODEL}"' in vllm, name
+        assert f'{name}{{engine="0",model_name="{MODEL}"' in vllm, name
     trt = module_servers.sim(profile="fast", engine="trtllm")
     openai.OpenAI(base_url=trt.base_url, api_key="x").chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
@@ -169,7 +174,7 @@ def test_metric_names_vllm_and_trtllm(fast_sim, module_servers):
     assert "vllm:" not in text
     for name in ("trtllm_num_requests_running", "trtllm_num_requests_waiting", "trtllm_kv_cache_utilization",
                  "trtllm_time_to_first_token_seconds_count", "trtllm_e2e_request_latency_seconds_count"):
-        assert f'{name}{{model_name="{MODEL}"' in text, name
+        metric(text, name, model_name=MODEL)
     assert metric(text, "trtllm_time_to_first_token_seconds_count") == 1
 
 
@@ -238,3 +243,24 @@ def test_non_streaming_client_disconnect_aborts(module_servers):
         time.sleep(0.05)
     stats = sim.sim_stats()
     assert stats["aborted"] == 1 and stats["running"] == 0
+
+
+def test_vllm_metric_names_and_labels_exist_in_a_real_vllm_scrape(fast_sim):
+    """Every series the simulator writes in vLLM mode is one a real vLLM 0.24 writes,
+    with the same label names."""
+    import os
+    import re
+
+    def series(text: str) -> set[tuple[str, tuple[str, ...]]]:
+        out = set()
+        for line in text.splitlines():
+            m = re.match(r"^([a-zA-Z_:][\w:]*)\{([^}]*)\}", line)
+            if m:
+                labels = tuple(sorted(k for k in re.findall(r'(\w+)="', m.group(2)) if k != "le"))
+                out.add((m.group(1), labels))
+        return out
+
+    real_path = os.path.join(os.path.dirname(__file__), "fixtures", "vllm-0.24-metrics.txt")
+    real = series(open(real_path).read())
+    ours = series(httpx.get(fast_sim.url + "/metrics").text)
+    assert ours and ours <= real, sorted(ours - real)

@@ -1,5 +1,7 @@
-"""The simulator's /metrics: Prometheus text with vLLM's metric names (or
-TensorRT-LLM's with ``--engine trtllm``), label ``model_name``.
+"""The simulator's /metrics: Prometheus text with vLLM's metric names and
+labels (``engine="0",model_name=...`` as vLLM 0.24 writes them; aborted requests
+are ``vllm:request_success_total{finished_reason="abort"}`` as in vLLM), or
+TensorRT-LLM's names with ``--engine trtllm``.
 
 Written by hand rather than with prometheus_client so that a simulator running
 inside the gateway process (the embedded default) never mixes its series into
@@ -33,8 +35,10 @@ NAMES = {
     "prompt_tokens": ("vllm:prompt_tokens", "trtllm_prompt_tokens", "counter", "Number of prefill tokens processed."),
     "generation_tokens": ("vllm:generation_tokens", "trtllm_generation_tokens", "counter",
                           "Number of generation tokens processed."),
-    "success": ("vllm:request_success", "trtllm_request_success", "counter", "Count of successfully processed requests."),
-    "aborted": ("vllm:request_aborted", "trtllm_request_aborted", "counter", "Count of aborted requests (simulator)."),
+    "success": ("vllm:request_success", "trtllm_request_success", "counter",
+                "Count of successfully processed requests."),
+    "preemptions": ("vllm:num_preemptions", "trtllm_num_preemptions", "counter",
+                    "Cumulative number of preemption from the engine."),
     "ttft": ("vllm:time_to_first_token_seconds", "trtllm_time_to_first_token_seconds", "histogram",
              "Histogram of time to first token in seconds."),
     "e2e": ("vllm:e2e_request_latency_seconds", "trtllm_e2e_request_latency_seconds", "histogram",
@@ -61,14 +65,16 @@ def _esc(v: str) -> str:
 
 def render(engine, model: str, flavour: str = "vllm") -> bytes:
     idx = 1 if flavour == "trtllm" else 0
-    lbl = f'model_name="{_esc(model)}"'
+    # label sets as the engines write them (vLLM 0.24: engine="0" first)
+    lbl = (f'engine_type="trtllm",model_name="{_esc(model)}"' if idx else f'engine="0",model_name="{_esc(model)}"')
     c = engine.cache
     values = {
         "running": len(engine.running), "waiting": len(engine.waiting), "kv_usage": c.usage(),
         "pc_queries": c.queries, "pc_hits": c.hits, "prompt_tokens": engine.prompt_tokens_total,
-        "generation_tokens": engine.generation_tokens_total, "success": engine.finished,
-        "aborted": engine.aborted,
+        "generation_tokens": engine.generation_tokens_total, "preemptions": 0,
     }
+    # every request ends at max_tokens (finish_reason "length"); a client that went away is "abort"
+    success = {"stop": 0, "length": engine.finished, "abort": engine.aborted, "error": 0}
     out: list[str] = []
     for key, (vname, tname, kind, help_) in NAMES.items():
         name = (vname, tname)[idx]
@@ -83,9 +89,11 @@ def render(engine, model: str, flavour: str = "vllm") -> bytes:
             out.append(f'{name}_bucket{{{lbl},le="+Inf"}} {h.count}')
             out.append(f"{name}_sum{{{lbl}}} {h.sum}")
             out.append(f"{name}_count{{{lbl}}} {h.count}")
+        elif key == "success":
+            for reason, n in success.items():
+                out.append(f'{name}_total{{{lbl},finished_reason="{reason}"}} {float(n)}')
         elif kind == "counter":
-            extra = ',finished_reason="length"' if key == "success" else ""
-            out.append(f"{name}_total{{{lbl}{extra}}} {float(values[key])}")
+            out.append(f"{name}_total{{{lbl}}} {float(values[key])}")
         else:
             out.append(f"{name}{{{lbl}}} {float(values[key])}")
     return ("\n".join(out) + "\n").encode()
