@@ -195,3 +195,23 @@ def test_small_partitions_are_matrices_then_flat_indexes():
     assert idx.search("p", vecs[99], c, 0.99)[0].entry.exact_key == "k99"
     assert idx.search("p", vecs[10], c, 0.99)[0] is None
     assert idx.search("p", vecs[30], c, 0.99)[0].entry.exact_key == "k30"
+
+
+def test_semantic_on_without_model_files_serves_without_the_level(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from vlm_gateway.config import GatewayConfig
+    from vlm_gateway.middleware.cache.stage import ResponseCache
+    cfg = GatewayConfig(cache=CacheConfig(semantic=True, semantic_model_dir=str(tmp_path)))
+    cache = ResponseCache(SimpleNamespace(cfg=cfg, closers=[]))
+
+    async def run():
+        await cache.start()
+        req = _req("What is the total?", "img")
+        reply = await cache(req)
+        await cache.close()
+        return reply, req
+    reply, req = asyncio.run(run())
+    assert cache.semantic is None and reply is None
+    assert req.response_headers["x-vlm-gateway-cache"] == "miss"
+    assert "cannot start" in caplog.text
