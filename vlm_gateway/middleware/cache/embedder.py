@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import mmap
-import os
 import struct
 import threading
 from pathlib import Path

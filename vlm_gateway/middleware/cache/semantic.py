@@ -338,7 +338,7 @@ class SemanticCache:
         res = await self._run(self._add_sync, vec, part, exact_key, question, expires)
         if res is None or self.redis is None:
             return
-        e, v = res
+        _entry, v = res
         fields = {"o": self.origin, "p": part, "k": exact_key, "q": question, "e": repr(expires),
                   "v": np.asarray(v, np.float32).tobytes()}
         try:
