@@ -270,6 +270,7 @@ class SemanticCache:
         self.stream_max = max_total
         self._follow_task: asyncio.Task | None = None
         self._last_id = "0-0"
+        self._persist_down_until = 0.0
 
     def clear(self) -> int:
         return self.index.clear()
@@ -336,7 +337,7 @@ class SemanticCache:
     async def add(self, vec: np.ndarray | None, part: str, exact_key: str, question: str,
                   expires: float) -> None:
         res = await self._run(self._add_sync, vec, part, exact_key, question, expires)
-        if res is None or self.redis is None:
+        if res is None or self.redis is None or time.monotonic() < self._persist_down_until:
             return
         _entry, v = res
         fields = {"o": self.origin, "p": part, "k": exact_key, "q": question, "e": repr(expires),
@@ -347,6 +348,8 @@ class SemanticCache:
         except asyncio.CancelledError:
             raise
         except Exception as e:
+            # Redis down: keep indexing locally, retry persisting a second later (one log line)
+            self._persist_down_until = time.monotonic() + 1.0
             log.warning("L3 semantic: could not persist an entry to Redis (%s)", type(e).__name__)
 
     # -- Redis persistence -------------------------------------------------------------
