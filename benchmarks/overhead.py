@@ -139,8 +139,9 @@ def run_wrk(wrk: str, url: str, body: dict, conc: int, duration: int, tmp: str) 
 
 def start(cmd: list[str], cpu: int, env: dict | None = None, logfile: str | None = None) -> subprocess.Popen:
     out = open(logfile, "w") if logfile else subprocess.DEVNULL
+    full = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     return subprocess.Popen(["taskset", "-c", str(cpu), *cmd], stdout=out, stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+                            env=full, start_new_session=True)
 
 
 def stop(p: subprocess.Popen) -> None:
@@ -185,7 +186,7 @@ def main() -> None:
                            f"      model: openai/bench-model\n      api_base: http://127.0.0.1:{up_port}/v1\n"
                            f"      api_key: none\n")
             env = {"LITELLM_MASTER_KEY": MASTER_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                   "LITELLM_TELEMETRY": "False", "DATABASE_URL": ""}
+                   "LITELLM_TELEMETRY": "False", "DATABASE_URL": None}
             ll = start([str(LITELLM_VENV / "bin" / "litellm"), "--config", str(cfg), "--port", str(ll_port),
                         "--host", "127.0.0.1", "--num_workers", "1"], 1, env=env, logfile=f"{tmp}/litellm.log")
             procs.append(ll)
