@@ -28,6 +28,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def until(fn, timeout: float = 5.0):
+    """Poll ``fn`` until it returns something truthy or ``timeout`` passes; its last value."""
+    deadline = time.time() + timeout
+    while True:
+        v = fn()
+        if v or time.time() > deadline:
+            return v
+        time.sleep(0.05)
+
+
 def wait_http(url: str, proc: subprocess.Popen, timeout: float = 20.0, log: str = "") -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:

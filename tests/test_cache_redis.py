@@ -16,7 +16,7 @@ import openai
 import pytest
 import redis
 
-from conftest import free_port
+from conftest import free_port, until as _until
 from test_cache import HEADER, ask, fresh, png, user
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
@@ -57,14 +57,6 @@ def redis_server(tmp_path):
 def _sha(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
-
-def _until(fn, timeout=5.0):
-    deadline = time.time() + timeout
-    while True:
-        v = fn()
-        if v or time.time() > deadline:
-            return v
-        time.sleep(0.05)
 
 
 def semantic_entries(gw) -> float:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 import uuid
 
 import httpx
 import openai
 import pytest
 
-from conftest import SIM_MODEL
+from conftest import SIM_MODEL, until
 from images import image_part
 from test_security_support import RedisServer, sha
 
@@ -36,15 +35,6 @@ def env(module_servers, tmp_path_factory):
 
 def client(gw, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.base_url, api_key=key, max_retries=0, timeout=30)
-
-
-def until(fn, timeout: float = 5.0):
-    deadline = time.time() + timeout
-    while True:
-        v = fn()
-        if v or time.time() > deadline:
-            return v
-        time.sleep(0.05)
 
 
 def l1_hits(gw) -> float:

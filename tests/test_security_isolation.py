@@ -5,14 +5,13 @@ configured ``cache_scope`` do share answers."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import httpx
 import openai
 import pytest
 
-from conftest import SIM_MODEL
+from conftest import SIM_MODEL, until as _until
 from images import image_part
 from test_security_support import sha
 
@@ -49,12 +48,7 @@ def semantic_entries(gw) -> float:
 
 
 def until(fn, timeout: float = 10.0):
-    deadline = time.time() + timeout
-    while True:
-        v = fn()
-        if v or time.time() > deadline:
-            return v
-        time.sleep(0.05)
+    return _until(fn, timeout)
 
 
 def test_exact_and_semantic_hits_stay_within_the_tenant(gw):

@@ -5,7 +5,6 @@ UPDATE_SCREENSHOTS=1 they are copied to docs/ (docs/playground.png, docs/status.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil

@@ -36,7 +36,6 @@ import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import litellm
 import pybase64

@@ -49,8 +49,5 @@ def policy_names() -> list[str]:
 
 
 def _load_builtin() -> None:
-    from . import round_robin  # noqa: F401
-    try:
-        from . import least_loaded, affinity, text_prefix  # noqa: F401
-    except ImportError:
-        pass
+    # importing a policy module registers it
+    from . import affinity, least_loaded, round_robin, text_prefix  # noqa: F401

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 
 from .app import create_sim_app
 from .engine import SimEngine, SimProfile
