@@ -86,7 +86,14 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_hash_key(args: argparse.Namespace) -> int:
-    print(hashlib.sha256(args.key.encode()).hexdigest())
+    key = args.key
+    if key is None:  # read it, so it stays out of the shell history
+        import getpass
+        key = getpass.getpass("API key: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+    if not key:
+        print("vlm-gateway hash-key: empty key", file=sys.stderr)
+        return 2
+    print(hashlib.sha256(key.encode()).hexdigest())
     return 0
 
 
@@ -118,14 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_sim)
 
     h = sub.add_parser("hash-key", help="print the sha256 of an API key for auth.tenants[].key_sha256")
-    h.add_argument("key")
+    h.add_argument("key", nargs="?", help="the key; omit it to type it or pipe it on stdin")
     h.set_defaults(func=cmd_hash_key)
 
-    try:
-        from .backends.launch import add_parser as add_launch
-        add_launch(sub)
-    except ImportError:
-        pass
+    from .backends.launch import add_parser as add_launch
+    add_launch(sub)
     return p
 
 

@@ -167,7 +167,7 @@ class CacheConfig:
 @dataclass
 class TenantConfig:
     name: str = ""
-    # sha256 hex of the API key (`vlm-gateway hash-key KEY`).
+    # sha256 hex of the API key (`vlm-gateway hash-key`, key on stdin).
     key_sha256: str = ""
     models: list[str] = field(default_factory=list)
     requests_per_minute: int = 0

@@ -14,18 +14,13 @@ if TYPE_CHECKING:
     from ..proxy.gateway import Gateway
     from . import Stage
 
-# module names under vlm_gateway.middleware, in order; missing modules are skipped
+# module names under vlm_gateway.middleware, in order
 ORDER = ("auth", "ratelimit", "limits", "images.stage", "cache.stage")
 
 
 def _modules():
     for name in ORDER:
-        try:
-            yield importlib.import_module(f"{__package__}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith(f"{__package__}.{name.split('.')[0]}"):
-                continue
-            raise
+        yield importlib.import_module(f"{__package__}.{name}")
 
 
 def build(gw: "Gateway") -> list["Stage"]:

@@ -18,6 +18,7 @@ from ..config import GatewayConfig, config_from_json
 from .asgi import AccessLogMiddleware, RequestIdMiddleware
 from .endpoints import CompletionEndpoint
 from .errors import GatewayError, NotFound, error_bytes
+from .extra_routes import routes as extra_routes
 from .gateway import Gateway
 from .request import parse_chat, parse_completion
 
@@ -104,11 +105,7 @@ def create_app(cfg: GatewayConfig | None = None) -> Starlette:
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
-    try:
-        from .extra_routes import routes as extra  # admin, ui, openapi (added by later modules)
-        routes += extra(cfg)
-    except ImportError:
-        pass
+    routes += extra_routes(cfg)  # ui, admin, openapi
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(RequestIdMiddleware), Middleware(AccessLogMiddleware)],
                     exception_handlers={404: not_found, 405: method_not_allowed})

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..backends.backend import Backend
 from ..backends.pool import Pool
+from ..backends.profiles import load_profiles
 from ..config import GatewayConfig
 from ..middleware import Stage
 from .relay import Relay
@@ -19,18 +20,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("vlm_gateway")
 
 
-def load_profiles(cfg: GatewayConfig) -> dict[str, dict]:
-    try:
-        from ..backends.profiles import load_profiles as _load
-    except ImportError:
-        return dict(cfg.profiles)
-    return _load(cfg.profiles)
-
-
 class Gateway:
     def __init__(self, cfg: GatewayConfig) -> None:
         self.cfg = cfg
-        profiles = load_profiles(cfg)
+        profiles = load_profiles(cfg.profiles)
         backends = [Backend.from_config(b, i, profiles.get(b.profile)) for i, b in enumerate(cfg.backends)]
         self.pool = Pool(cfg, backends)
         self.relay = Relay(self)
