@@ -1,11 +1,17 @@
-"""Calibrate and check the simulator's ``h200-qwen3vl-2b`` profile against the
-real vLLM measurements (vlm_gateway/backends/sim/workload.py: CALIBRATION).
+"""Calibrate and check a calibrated simulator profile against the real vLLM
+measurements it is fitted to (vlm_gateway/backends/sim/profiles.py: MEASUREMENTS;
+``h200-qwen3vl-2b``: the first table, ``h200-vllm024-2026-11-30``: the 2026-11-30 run).
 
     python benchmarks/sim_calibration.py                 # model vs measured, offline (virtual clock)
+    python benchmarks/sim_calibration.py --profile h200-vllm024-2026-11-30
+    python benchmarks/sim_calibration.py --profile h200-qwen3vl-2b --rows 2026-11-30-run2
+                                                         # a profile against another measured run
+                                                         # (table, 2026-11-30-run1, 2026-11-30-run2)
     python benchmarks/sim_calibration.py --live 1        # same rows over HTTP (real JPEGs, OpenAI SDK)
                                                          # against a spawned simulator in real time
     python benchmarks/sim_calibration.py --live 0        # ... at each row's test time scale
     python benchmarks/sim_calibration.py --fit           # refit the timing constants (needs scipy)
+    python benchmarks/sim_calibration.py --fit --profile h200-vllm024-2026-11-30
 
 The fit minimises the squared log-ratios of TTFT p50 and req/s over all rows,
 plus a steep penalty beyond 12% so that no single row is sacrificed.
@@ -25,8 +31,8 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from vlm_gateway.backends.sim.profiles import get_profile  # noqa: E402
-from vlm_gateway.backends.sim.workload import CALIBRATION, run_row_http, simulate_row  # noqa: E402
+from vlm_gateway.backends.sim.profiles import calibration_rows, get_profile, simulate_rows  # noqa: E402
+from vlm_gateway.backends.sim.workload import run_row_http  # noqa: E402
 
 FIT_KEYS = ["request_latency_s", "cpu_base_s", "cpu_decode_s_per_mpx", "cpu_preproc_s_per_mpx", "cpu_contention",
             "cpu_token_s",
@@ -45,25 +51,23 @@ def table(results) -> str:
     return "\n".join(lines)
 
 
-def loss(profile, scale=1.0) -> float:
+def loss(profile, rows) -> float:
     total = 0.0
-    for row in CALIBRATION:
-        ttft, rps = simulate_row(profile, row, row.requests(scale))
+    for row, (ttft, rps) in zip(rows, simulate_rows(profile, rows)):
         for e in (math.log(ttft / row.ttft_p50_ms), math.log(rps / row.req_per_s)):
             total += e * e + 20 * max(0.0, abs(e) - math.log(1.12)) ** 2
     return total
 
 
-def fit(base) -> None:
+def fit(base, rows) -> None:
     import numpy as np
     from scipy.optimize import minimize
 
-    x0 = np.log([max(getattr(base, k), 1e-7) for k in FIT_KEYS])
     best = [math.inf, None]
 
     def f(x):
         prof = replace(base, **{k: float(math.exp(v)) for k, v in zip(FIT_KEYS, x)})
-        val = loss(prof)
+        val = loss(prof, rows)
         if val < best[0]:
             best[:] = [val, prof]
             print(f"loss {val:.4f}", {k: round(getattr(prof, k), 7) for k in FIT_KEYS}, flush=True)
@@ -72,7 +76,8 @@ def fit(base) -> None:
     for _ in range(3):
         res = minimize(f, np.log([max(getattr(best[1] or base, k), 1e-7) for k in FIT_KEYS]),
                        method="Nelder-Mead", options={"maxfev": 900, "xatol": 1e-3, "fatol": 1e-5})
-    print(table([(r, simulate_row(best[1], r)) for r in CALIBRATION]))
+    print(table(list(zip(rows, simulate_rows(best[1], rows)))))
+    print("\n".join(f"  {k}: {getattr(best[1], k):.4g}" for k in FIT_KEYS))
 
 
 def free_port() -> int:
@@ -81,7 +86,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def live(scale: float, profile: str) -> None:
+def live(scale: float, profile: str, rows) -> None:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "vlm_gateway", "sim", "--port", str(port), "--profile", profile,
                              "--time-scale", str(scale)], start_new_session=True)
@@ -95,7 +100,7 @@ def live(scale: float, profile: str) -> None:
                 time.sleep(0.05)
         results = []
         url = f"http://127.0.0.1:{port}"
-        for row in CALIBRATION:
+        for row in rows:
             t = time.perf_counter()
             # this machine's own per-request cost, which a time scale would magnify
             httpx.post(url + "/sim/config", json={"time_scale": 1e-4, "reset_cache": True})
@@ -118,17 +123,19 @@ def live(scale: float, profile: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default="h200-qwen3vl-2b")
+    ap.add_argument("--rows", metavar="RUN", help="a measured run, or the one PROFILE is fitted to (default: --profile's)")
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--live", type=float, metavar="TIME_SCALE",
                     help="run over HTTP at this time scale (0 = each row's test scale)")
     args = ap.parse_args()
     base = get_profile(args.profile)
+    rows = calibration_rows(args.rows or args.profile)
     if args.fit:
-        fit(base)
+        fit(base, rows)
     elif args.live is not None:
-        live(args.live, args.profile)
+        live(args.live, args.profile, rows)
     else:
-        print(table([(r, simulate_row(base, r)) for r in CALIBRATION]))
+        print(table(list(zip(rows, simulate_rows(base, rows)))))
 
 
 if __name__ == "__main__":

@@ -223,8 +223,8 @@ def test_profiles():
         assert n in names
     with pytest.raises(KeyError):
         get_profile("no-such-gpu")
-    cal, alias = get_profile("h200-qwen3vl-2b"), get_profile("h200")
-    assert alias.step_base_s == cal.step_base_s and alias.vit_quad_s_per_ktok2 == cal.vit_quad_s_per_ktok2
+    cal, alias, latest = get_profile("h200-qwen3vl-2b"), get_profile("h200"), get_profile("h200-vllm024-2026-11-30")
+    assert alias.step_base_s == latest.step_base_s and alias.mm_cache_tokens == latest.mm_cache_tokens
     assert [get_profile(n).max_num_seqs for n in ("rtx4090d", "rtx3090", "a10g", "rtx4060ti")] == [4, 2, 3, 1]
     slow = get_profile("rtx3090")
     assert slow.prefill_s_per_ktok == pytest.approx(cal.prefill_s_per_ktok / 0.2)

@@ -1,6 +1,7 @@
-"""The h200-qwen3vl-2b profile reproduces every real vLLM measurement within 25%.
+"""The calibrated profiles reproduce the real vLLM measurements they are fitted to
+within 25% (TTFT p50 and req/s).
 
-Two checks: the timing model alone on a virtual clock (deterministic, instant),
+``h200-qwen3vl-2b`` (the first table), two checks: the timing model alone on a virtual clock (deterministic, instant),
 and the same workloads over HTTP against a simulator process, with real JPEGs
 of the stated sizes (distinct per request; one repeated in the prefix-cache
 row), streaming, 64 output tokens, ignore_eos, through the OpenAI SDK. The live
@@ -8,6 +9,10 @@ run is sped up per row (``Row.time_scale``: 0.1x to ~0.7x real time, chosen so
 the client and server keep up on a 2-core machine) and converted back, after
 taking off this machine's own per-request overhead (measured first with the
 simulated delays at ~0), which a time scale would otherwise magnify.
+
+``h200-vllm024-2026-11-30`` (the 2026-11-30 run): the timing model offline only,
+replaying the measured cells in order on one engine (the cells reused images, so
+the processor and prefix caches carry over from cell to cell); one replay, ~1 s.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from vlm_gateway.backends.sim.profiles import get_profile
+from vlm_gateway.backends.sim.profiles import RUN_2026_11_30, get_profile, replay_run
 from vlm_gateway.backends.sim.workload import CALIBRATION, run_row_http, simulate_row
 
 TOLERANCE = 0.25
@@ -33,6 +38,35 @@ def test_timing_model_reproduces_measurement(row):
     ttft, rps = simulate_row(get_profile("h200-qwen3vl-2b"), row)
     assert within(ttft, row.ttft_p50_ms), f"TTFT p50 {ttft:.0f} ms vs measured {row.ttft_p50_ms}"
     assert within(rps, row.req_per_s), f"{rps:.2f} req/s vs measured {row.req_per_s}"
+
+
+@pytest.fixture(scope="module")
+def run_2026_11_30():
+    return dict(zip(RUN_2026_11_30, replay_run(get_profile("h200-vllm024-2026-11-30"), RUN_2026_11_30)))
+
+
+# The one figure of that run the model cannot reach within 25% (docs/benchmarks/simulator.md,
+# "Recalibration against the 2026-11-30 run"): the measured 768x576 c16 cell answered faster
+# (264 ms) than 768x448 c16 (338 ms) with more pixels, more tokens and fewer cache hits, and
+# decoded slower; the model's costs only grow with pixels and tokens.
+UNREACHED = {("768x576 c16", "ttft"): "768x576 c16 measured faster than 768x448 c16 (simulated 1.37x)"}
+
+
+def _cases():
+    for row in RUN_2026_11_30:
+        for metric in ("ttft", "req/s"):
+            reason = UNREACHED.get((row.label, metric))
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            yield pytest.param(row, metric, marks=marks, id=f"{row.label} {metric}")
+
+
+@pytest.mark.parametrize("row,metric", list(_cases()))
+def test_timing_model_reproduces_2026_11_30_run(run_2026_11_30, row, metric):
+    ttft, rps = run_2026_11_30[row]
+    if metric == "ttft":
+        assert within(ttft, row.ttft_p50_ms), f"TTFT p50 {ttft:.0f} ms vs measured {row.ttft_p50_ms}"
+    else:
+        assert within(rps, row.req_per_s), f"{rps:.2f} req/s vs measured {row.req_per_s}"
 
 
 @pytest.fixture(scope="module")

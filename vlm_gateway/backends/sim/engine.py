@@ -88,6 +88,7 @@ class SimProfile:
     kv_capacity_tokens: int = 900_000
     enable_prefix_caching: bool = True
     mm_cache_items: int = 256
+    mm_cache_tokens: int = 0          # processor-cache size in visual tokens (vLLM bounds it in bytes); 0: none
     # API-server CPU stage
     request_latency_s: float = 0.0    # pure delay before preprocessing (HTTP, parsing: in parallel)
     cpu_base_s: float = 0.0
@@ -216,7 +217,7 @@ class SimEngine:
         self.profile = profile
         self.engine = engine
         self.cache = PrefixCache(profile.kv_capacity_tokens // BLOCK_SIZE, profile.enable_prefix_caching)
-        self.mm_cache: OrderedDict[bytes, None] = OrderedDict()
+        self.mm_cache: OrderedDict[bytes, int] = OrderedDict()    # digest -> visual tokens
         self.arriving: list[Job] = []
         self.api = _SerialStage(self, "preprocessing", self._api_cost, self._after_api)
         self.ipc = _SerialStage(self, "transfer", self._ipc_cost, self._enqueue)
@@ -353,9 +354,10 @@ class SimEngine:
                 cost += p.cpu_preproc_s_per_mpx * mpx
                 job.transfer_ktok += img.tokens / 1000.0
                 job.needs_transfer = p.ipc_s_per_ktok > 0
-                self.mm_cache[img.digest] = None
-                while len(self.mm_cache) > p.mm_cache_items:
-                    self.mm_cache.popitem(last=False)
+                self.mm_cache[img.digest] = img.tokens
+                size = sum(self.mm_cache.values()) if p.mm_cache_tokens else 0
+                while len(self.mm_cache) > p.mm_cache_items or size > p.mm_cache_tokens > 0:
+                    size -= self.mm_cache.popitem(last=False)[1]
         return cost * (1.0 + p.cpu_contention * max(0, self.in_system - 1))
 
     def _ipc_cost(self, job: Job) -> float:
