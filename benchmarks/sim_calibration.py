@@ -74,8 +74,8 @@ def fit(base, rows) -> None:
         return val
 
     for _ in range(3):
-        res = minimize(f, np.log([max(getattr(best[1] or base, k), 1e-7) for k in FIT_KEYS]),
-                       method="Nelder-Mead", options={"maxfev": 900, "xatol": 1e-3, "fatol": 1e-5})
+        minimize(f, np.log([max(getattr(best[1] or base, k), 1e-7) for k in FIT_KEYS]),
+                 method="Nelder-Mead", options={"maxfev": 900, "xatol": 1e-3, "fatol": 1e-5})
     print(table(list(zip(rows, simulate_rows(best[1], rows)))))
     print("\n".join(f"  {k}: {getattr(best[1], k):.4g}" for k in FIT_KEYS))
 
@@ -123,7 +123,8 @@ def live(scale: float, profile: str, rows) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default="h200-qwen3vl-2b")
-    ap.add_argument("--rows", metavar="RUN", help="a measured run, or the one PROFILE is fitted to (default: --profile's)")
+    ap.add_argument("--rows", metavar="RUN",
+                    help="a measured run, or the one PROFILE is fitted to (default: --profile's)")
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--live", type=float, metavar="TIME_SCALE",
                     help="run over HTTP at this time scale (0 = each row's test scale)")

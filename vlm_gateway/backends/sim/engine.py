@@ -8,7 +8,9 @@ A request passes four stages (asyncio tasks on the server's event loop):
    ``cpu_base_s`` + per image ``cpu_decode_s_per_mpx`` x source megapixels
    (decode + hash, always) + ``cpu_preproc_s_per_mpx`` x source megapixels
    (resize / normalise / patchify; skipped when the same image was processed
-   recently: vLLM's multimodal processor cache), times ``1 + cpu_contention x
+   recently: vLLM's multimodal processor cache, LRU over ``mm_cache_items``
+   images and, where set, ``mm_cache_tokens`` visual tokens: vLLM bounds it in
+   bytes, so it holds many small images but few 12 MP ones), times ``1 + cpu_contention x
    (requests in the server - 1)``. The same process streams every running
    request's tokens: each token the engine emits adds ``cpu_token_s`` of work
    that delays the preprocessing in progress.
@@ -60,6 +62,32 @@ and req/s); the worst are 1080p at concurrency 64 (8.0 vs 6.86 req/s: the
 measured throughput fell from concurrency 16 to 64, which no single setting of
 this model follows) and the 768x576 rows (measured faster than 768x448 although
 they carry more tokens: a separate run).
+
+``h200-vllm024-2026-11-30`` (what ``h200`` points at) is fitted to the
+2026-11-30 run of benchmarks/gpu/loadgen.py, replayed cell by cell on one
+engine (its cells reuse images, so both caches carry over); in brackets the
+``h200-qwen3vl-2b`` value:
+    =====================  ==========  ==============================================
+    request_latency_s      18.8 ms     (24.9)
+    cpu_base_s             4.7 ms      (4.7)
+    cpu_decode_s_per_mpx   6.3 ms/MP   (3.3)
+    cpu_preproc_s_per_mpx  51.7 ms/MP  (43.9): a fresh 1080p image 125 ms of API server
+    cpu_contention         0.0021      (0.0022)
+    cpu_token_s            0.089 ms    (0.14)
+    ipc_s_per_ktok         7.6 ms/kt   (23.7)
+    step_base_s            2.06 ms     (2.64): 64 tokens in ~140 ms, as measured
+    step_seq_s             0.035 ms    (0.040)
+    kv_read_s_per_ktok     0.032 ms    (0.026)
+    prefill_s_per_ktok     6.6 ms      (6.9)
+    vit_base_s             5.9 ms      (25.1): 46 small images/s leave no room for 25 ms each
+    vit_s_per_ktok         8.5 ms      (7.8)
+    vit_quad_s_per_ktok2   2.5 ms      (2.8)
+    mm_cache_tokens        349525      (none): 4 GiB at 12 KiB a visual token
+    =====================  ==========  ==============================================
+23 of its 24 figures (TTFT p50, req/s of 12 cells) within 25% offline; the
+other is 768x576 c16 TTFT (x1.37): that cell answered faster than 768x448 c16
+with more pixels and tokens, which this model, whose costs grow with both,
+cannot follow.
 
 ``time_scale`` multiplies every delay (0.1 = ten times faster than real time).
 Stages pace themselves on a running schedule, so a busy event loop's lag is
