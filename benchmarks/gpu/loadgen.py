@@ -141,23 +141,28 @@ async def run_cell(base: str, bodies: list[dict], conc: int) -> dict:
 # -- workloads -------------------------------------------------------------------------------------
 
 def cmd_images(a) -> dict:
-    plan = [("1080p", 1, 16), ("1080p", 16, 64), ("1080p", 64, 128),
-            ("12mp", 1, 8), ("12mp", 16, 48), ("12mp", 64, 64)]
+    plan = [("1080p", 1, 12), ("1080p", 16, 48), ("1080p", 64, 96),
+            ("12mp", 1, 6), ("12mp", 16, 32), ("12mp", 64, 64)]
     if a.quick:
         plan = [(k, c, max(c, n // 4)) for k, c, n in plan]
-    need = {k: max(n for kk, c, n in plan if kk == k) for k, _, _ in plan}
+    # every cell gets images of its own (no image is ever sent twice, so no engine or
+    # gateway cache can serve one), plus two warm-up images per cell
+    offsets, need = [], {}
+    for k, c, n in plan:
+        offsets.append(need.get(k, 0))
+        need[k] = need.get(k, 0) + n + 2 * 3
     t0 = time.time()
     with ProcessPoolExecutor(os.cpu_count()) as ex:
-        images = {k: list(ex.map(make_pair, [(k, 1000 * (k == "12mp") + i) for i in range(n + 4)]))
+        images = {k: list(ex.map(make_pair, [(k, 100_000 * (k == "12mp") + i) for i in range(n)]))
                   for k, n in need.items()}
     print(f"generated images in {time.time() - t0:.1f}s", flush=True)
-    out = {"cells": []}
+    out = {"cells": [], "distinct_images": True}
     modes = {"a_direct_raw": (DIRECT, 0), "b_direct_prerewritten": (DIRECT, 1), "c_gateway_raw": (GATEWAY, 0)}
-    for kind, conc, n in plan:
-        for mode, (base, idx) in modes.items():
-            imgs = images[kind]
-            # warm-up with 2 images outside the measured set
-            asyncio.run(run_cell(base, [chat(imgs[-1][idx]), chat(imgs[-2][idx])], 2))
+    for (kind, conc, n), off in zip(plan, offsets):
+        imgs = images[kind][off:off + n + 6]
+        for m, (mode, (base, idx)) in enumerate(modes.items()):
+            warm = imgs[n + 2 * m:n + 2 * m + 2]
+            asyncio.run(run_cell(base, [chat(w[idx]) for w in warm], 2))
             res = asyncio.run(run_cell(base, [chat(imgs[i][idx]) for i in range(n)], conc))
             res.update(kind=kind, conc=conc, mode=mode)
             out["cells"].append(res)
