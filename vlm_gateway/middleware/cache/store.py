@@ -61,15 +61,15 @@ class LocalStore:
 
 class RedisStore:
     def __init__(self, url: str, timeout_s: float, retry_s: float = 1.0, prefix: str = "vlmgw:l3:") -> None:
-        import redis.asyncio as redis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
+
+        from ...redis_clients import async_client
         self.timeout = timeout_s
         self.retry_s = retry_s
         self.prefix = prefix
         # No client-side retries: the timeout is the whole budget of a lookup.
-        self.client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                           retry=Retry(NoBackoff(), 0), health_check_interval=0)
+        self.client = async_client(url, timeout_s, retry=Retry(NoBackoff(), 0), health_check_interval=0)
         self._down_until = 0.0
         self.failures = 0
 

@@ -47,8 +47,8 @@ class L1Cache:
         self._redis = None
         self._redis_warned = False
         if redis_url:
-            import redis.asyncio as aredis
-            self._redis = aredis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+            from ...redis_clients import async_client
+            self._redis = async_client(redis_url, timeout_s)
 
     def __len__(self) -> int:
         return len(self._lru)

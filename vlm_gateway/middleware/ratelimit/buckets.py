@@ -156,9 +156,8 @@ class RedisStore:
     not one per request."""
 
     def __init__(self, url: str, max_age_s: float = LEASE_S, timeout_s: float = 0.25, retry_s: float = 1.0) -> None:
-        import redis.asyncio as aioredis
-        self.client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                              health_check_interval=0)
+        from ...redis_clients import async_client
+        self.client = async_client(url, timeout_s, health_check_interval=0)
         self._take = self.client.register_script(TAKE_LUA)
         self._acquire = self.client.register_script(ACQUIRE_LUA)
         self.max_age_ms = int(max_age_s * 1000)
