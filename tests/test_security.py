@@ -5,6 +5,7 @@ with the OpenAI SDK as the client."""
 from __future__ import annotations
 
 import base64
+import re
 import subprocess
 import sys
 import time
@@ -297,10 +298,26 @@ def test_admin_cache_flush(env):
     while state() != "hit-exact" and time.time() < deadline:
         time.sleep(0.05)
     assert state() == "hit-exact"
+    # an image rewritten before the flush is in L1 ...
+    img = [{"role": "user", "content": [{"type": "text", "text": "x"}, image_part(1000, 800, (9, 99, 199))]}]
+    c.chat.completions.create(model=SIM_MODEL, messages=img, max_tokens=1)
+    hits = l1_hits(env["gw"])
+    c.chat.completions.create(model=SIM_MODEL, messages=img, max_tokens=1)
+    assert l1_hits(env["gw"]) == hits + 1
     assert httpx.post(base + "/admin/cache/flush").status_code == 401
     r = httpx.post(base + "/admin/cache/flush", headers=h)
-    assert r.status_code == 200 and sum(v or 0 for v in r.json()["flushed"].values()) >= 1
+    assert r.status_code == 200 and sum(v or 0 for v in r.json()["flushed"].values()) >= 2
     assert state() == "miss"
+    # ... and rewritten again after it (no L1 hit)
+    hits = l1_hits(env["gw"])
+    c.chat.completions.create(model=SIM_MODEL, messages=img, max_tokens=1)
+    assert l1_hits(env["gw"]) == hits
+
+
+def l1_hits(gw) -> float:
+    m = re.search(r'^vlm_gateway_cache_hits_total\{level="l1"\} ([0-9.e+]+)$',
+                  httpx.get(gw.url + "/metrics").text, re.M)
+    return float(m.group(1)) if m else 0.0
 
 
 def test_openapi_is_served(env):

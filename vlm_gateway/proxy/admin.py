@@ -75,7 +75,7 @@ async def undrain(gw, request: Request) -> Response:
 
 async def flush(gw, request: Request) -> Response:
     flushed = {}
-    for fn in getattr(gw, "cache_flushers", []):
+    for fn in gw.cache_flushers:
         r = fn()
         if inspect.isawaitable(r):
             r = await r

@@ -29,6 +29,8 @@ class Gateway:
         self.relay = Relay(self)
         self.stages: list[Stage] = []
         self.closers: list = []
+        # async () -> count|None, called by POST /admin/cache/flush (L1 images, L3 responses)
+        self.cache_flushers: list = []
         self._build_stages()
 
     def _build_stages(self) -> None:

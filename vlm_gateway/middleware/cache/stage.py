@@ -180,8 +180,6 @@ def make(gw: "Gateway"):
         return None
     cache = ResponseCache(gw)
     gw.response_cache = cache
-    if not hasattr(gw, "cache_flushers"):
-        gw.cache_flushers = []
     gw.cache_flushers.append(cache.flush)
     return cache
 

@@ -100,6 +100,20 @@ class L1Cache:
             except Exception as e:  # noqa: BLE001
                 self._warn(e)
 
+    async def flush(self) -> int:
+        """Drop every rewritten image (this process, and the shared Redis tier)."""
+        n = len(self._lru)
+        self._lru.clear()
+        self.bytes = 0
+        if self._redis is not None:
+            try:
+                keys = [k async for k in self._redis.scan_iter(_PREFIX + "*", count=1000)]
+                for i in range(0, len(keys), 1000):
+                    n += await self._redis.delete(*keys[i:i + 1000])
+            except Exception as e:  # noqa: BLE001 - the local tier is flushed regardless
+                self._warn(e)
+        return n
+
     def _warn(self, e: Exception) -> None:
         if not self._redis_warned:
             self._redis_warned = True

@@ -217,6 +217,7 @@ def make(gw: "Gateway"):
     rewriter = ImageRewriter(gw)
     gw.image_rewriter = rewriter
     gw.closers.append(rewriter.close)
+    gw.cache_flushers.append(rewriter.l1.flush)  # POST /admin/cache/flush
     return rewriter
 
 
