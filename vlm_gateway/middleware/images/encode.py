@@ -29,9 +29,14 @@ def encode_jpeg(im: Image.Image, quality: int) -> bytes:
     return buf.getvalue()
 
 
+# zlib level 1: on a 768x448 chart 3.5 ms and 0.23x the JPEG's bytes (level 6: 5 ms, 0.12x);
+# on noisy low-colour content, where the PNG loses to the JPEG anyway, 28 ms instead of 111 ms.
+PNG_COMPRESS_LEVEL = 1
+
+
 def encode_png(im: Image.Image) -> bytes:
     buf = io.BytesIO()
-    im.save(buf, "PNG", compress_level=6, optimize=False)
+    im.save(buf, "PNG", compress_level=PNG_COMPRESS_LEVEL, optimize=False)
     return buf.getvalue()
 
 
