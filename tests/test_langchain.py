@@ -9,23 +9,17 @@ import base64
 import io
 
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from conftest import SIM_MODEL
+from images import data_uri, photo_jpeg
 
 langchain_openai = pytest.importorskip("langchain_openai", reason="pip install langchain-openai")
 from langchain_core.messages import HumanMessage  # noqa: E402
 
 
 def photo_uri(width: int, height: int) -> str:
-    """A non-uniform picture (gradient + shapes), so no border trim applies."""
-    im = Image.linear_gradient("L").resize((width, height)).convert("RGB")
-    d = ImageDraw.Draw(im)
-    for i in range(0, width, max(1, width // 8)):
-        d.rectangle([i, height // 4, i + width // 16, height // 2], fill=(30, 120, 200))
-    buf = io.BytesIO()
-    im.save(buf, "JPEG", quality=85)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+    return data_uri(photo_jpeg(width, height), "image/jpeg")
 
 
 @pytest.fixture(scope="module")

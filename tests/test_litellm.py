@@ -13,7 +13,7 @@ import sys
 import httpx
 import pytest
 import yaml
-from PIL import Image, ImageDraw
+from PIL import Image
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # else importing litellm goes online
 os.environ.setdefault("LITELLM_TELEMETRY", "False")
@@ -22,18 +22,9 @@ litellm = pytest.importorskip("litellm", reason="pip install 'vlm-gateway[litell
 # litellm's own pydantic models warn at import/first use; not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 from conftest import SIM_MODEL, free_port, wait_http  # noqa: E402
+from images import photo_jpeg  # noqa: E402
 
 from vlm_gateway.integrations.litellm_hook import ImageRewriteHook  # noqa: E402
-
-
-def photo(width: int, height: int) -> bytes:
-    im = Image.linear_gradient("L").resize((width, height)).convert("RGB")
-    d = ImageDraw.Draw(im)
-    for i in range(0, width, max(1, width // 8)):
-        d.rectangle([i, height // 4, i + width // 16, height // 2], fill=(30, 120, 200))
-    buf = io.BytesIO()
-    im.save(buf, "JPEG", quality=85)
-    return buf.getvalue()
 
 
 def uri(data: bytes) -> str:
@@ -72,7 +63,7 @@ def callbacks():
 def test_sdk_completion_through_gateway(stack):
     sim, gw = stack
     r = litellm.completion(model=f"openai/{SIM_MODEL}", api_base=gw.base_url, api_key="unused",
-                           messages=messages("litellm sdk marker", uri(photo(640, 480))), max_tokens=12,
+                           messages=messages("litellm sdk marker", uri(photo_jpeg(640, 480))), max_tokens=12,
                            temperature=0)
     assert r.choices[0].message.content.startswith("litellm sdk marker")
     assert r.usage.completion_tokens == 12 and r.usage.prompt_tokens > 300
@@ -81,7 +72,7 @@ def test_sdk_completion_through_gateway(stack):
 def test_sdk_streaming_through_gateway(stack):
     sim, gw = stack
     stream = litellm.completion(model=f"openai/{SIM_MODEL}", api_base=gw.base_url, api_key="unused",
-                                messages=messages("litellm stream marker", uri(photo(800, 600))),
+                                messages=messages("litellm stream marker", uri(photo_jpeg(800, 600))),
                                 max_tokens=12, stream=True)
     pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
     assert len(pieces) >= 4
@@ -91,7 +82,7 @@ def test_sdk_streaming_through_gateway(stack):
 async def test_sdk_async_through_gateway(stack):
     sim, gw = stack
     r = await litellm.acompletion(model=f"openai/{SIM_MODEL}", api_base=gw.base_url, api_key="unused",
-                                  messages=messages("litellm async marker", uri(photo(320, 240))), max_tokens=8)
+                                  messages=messages("litellm async marker", uri(photo_jpeg(320, 240))), max_tokens=8)
     assert r.choices[0].message.content.startswith("litellm async marker")
 
 
@@ -106,7 +97,7 @@ async def test_router_hook_rewrites_large_image_before_engine(stack, callbacks):
     sim, _ = stack
     hook = ImageRewriteHook({"images": {"max_long_side": 768}})
     callbacks.append(hook)
-    src = photo(4032, 3024)
+    src = photo_jpeg(4032, 3024)
     r = await router_for(sim).acompletion(model="vlm", messages=messages("router marker", uri(src)),
                                           max_tokens=8)
     assert r.choices[0].message.content.startswith("router marker")
@@ -129,11 +120,11 @@ async def test_router_hook_detail_low_and_small_images_pass(stack, callbacks):
     sim, _ = stack
     hook = ImageRewriteHook({"images": {"max_long_side": 768, "detail_low_long_side": 448}})
     callbacks.append(hook)
-    msgs = messages("low detail", uri(photo(1920, 1080)))
+    msgs = messages("low detail", uri(photo_jpeg(1920, 1080)))
     msgs[0]["content"][1]["image_url"]["detail"] = "low"
     await router_for(sim).acompletion(model="vlm", messages=msgs, max_tokens=4)
     assert max(received_size(sim)) <= 448
-    small = uri(photo(320, 240))
+    small = uri(photo_jpeg(320, 240))
     await router_for(sim).acompletion(model="vlm", messages=messages("small", small), max_tokens=4)
     assert sim.sim_requests()[-1]["messages"][0]["content"][1]["image_url"]["url"] == small  # untouched
 
@@ -175,7 +166,7 @@ def test_litellm_proxy_with_hook(stack, tmp_path):
         wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, timeout=90, log=str(log))
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-test-master", max_retries=0)
         r = client.chat.completions.create(model="vlm", max_tokens=6,
-                                           messages=messages("proxy marker", uri(photo(1920, 1080))))
+                                           messages=messages("proxy marker", uri(photo_jpeg(1920, 1080))))
         assert r.choices[0].message.content.startswith("proxy marker")
         assert received_size(sim) == (512, 288)
         bad = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,

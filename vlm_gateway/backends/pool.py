@@ -49,6 +49,9 @@ class Pool:
     def __init__(self, cfg: GatewayConfig, backends: list[Backend]) -> None:
         self.cfg = cfg
         self.backends = backends
+        # model names served anywhere in the pool (bounded label set for metrics)
+        self.known_models: set[str] = set()
+        self._refresh_known_models()
         self.policy = get_policy(cfg.routing.policy, cfg.routing)
         # Extra filters (profile admission, ...) added by routing modules: (req, backend) -> reason|None
         self.filters: list = [ProfileFilter(cfg)]
@@ -115,7 +118,10 @@ class Pool:
                 async with b.session.get(f"{b.base_url}/models", timeout=timeout) as r:
                     if r.status == 200:
                         data = orjson.loads(await r.read())
-                        b.models = {m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m}
+                        models = {m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m}
+                        if models != b.models:
+                            b.models = models
+                            self._refresh_known_models()
         except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError, OSError):
             ok = False
         if ok != b.healthy:
@@ -163,9 +169,8 @@ class Pool:
                 seen.setdefault(m, None)
         return list(seen)
 
-    @property
-    def known_models(self) -> set[str]:
-        return set().union(*(b.models for b in self.backends)) if self.backends else set()
+    def _refresh_known_models(self) -> None:
+        self.known_models = set().union(*(b.models for b in self.backends))
 
     def serving(self, model: str) -> list[Backend]:
         return [b for b in self.backends if model in b.models]
