@@ -46,14 +46,16 @@ class Row:
         return max(self.concurrency + 4, round((2.5 if self.concurrency < 64 else 2) * self.concurrency * scale))
 
     def time_scale(self, max_req_per_s: float = 15.0, min_ttft_ms: float = 150.0,
-                   min_latency_s: float = 0.4) -> float:
+                   min_latency_s: float = 0.4, max_megapixels_per_s: float = 60.0) -> float:
         """A time scale for running this row live on a small machine: as fast as
         possible while the client and server processes keep up (few enough
-        requests a second) and fixed loopback/client overheads (a few ms a
-        request, not scaled) stay small next to the scaled TTFT and latency."""
+        requests, and few enough source megapixels to send and parse, a second)
+        and fixed loopback/client overheads (a few ms a request, not scaled) stay
+        small next to the scaled TTFT and latency."""
         latency_s = self.concurrency / self.req_per_s
+        megapixels_per_s = self.req_per_s * self.width * self.height / 1e6
         return min(1.0, max(0.1, self.req_per_s / max_req_per_s, min_ttft_ms / self.ttft_p50_ms,
-                            min_latency_s / latency_s))
+                            min_latency_s / latency_s, megapixels_per_s / max_megapixels_per_s))
 
 
 CALIBRATION = [
