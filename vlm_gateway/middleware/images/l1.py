@@ -26,15 +26,16 @@ def _size(r: Rewritten) -> int:
 
 def pack(r: Rewritten) -> bytes:
     meta = orjson.dumps([r.mime, r.width, r.height, r.source_width, r.source_height, r.source_bytes,
-                         r.tokens_before, r.tokens_after, r.trimmed])
+                         r.tokens_before, r.tokens_after, r.trimmed, list(r.conversions)])
     return struct.pack(">I", len(meta)) + meta + r.data
 
 
 def unpack(blob: bytes) -> Rewritten:
     (n,) = struct.unpack_from(">I", blob)
-    mime, w, h, sw, sh, sb, tb, ta, trimmed = orjson.loads(blob[4:4 + n])
+    mime, w, h, sw, sh, sb, tb, ta, trimmed, *more = orjson.loads(blob[4:4 + n])
     data = blob[4 + n:]
-    return Rewritten(data_uri(data, mime), data, mime, w, h, sw, sh, sb, tb, ta, trimmed)
+    conversions = tuple(str(c) for c in more[0]) if more and isinstance(more[0], list) else ()
+    return Rewritten(data_uri(data, mime), data, mime, w, h, sw, sh, sb, tb, ta, trimmed, conversions=conversions)
 
 
 class L1Cache:
