@@ -132,15 +132,19 @@ def sniff(data: bytes) -> str:
     raise ImageError(f"the data is not a supported image (accepted: {accepted()})", "unsupported_image_format")
 
 
+_FILL = re.compile(rb"\xff+")
+
+
 def _jpeg_size(data: bytes) -> tuple[int, int] | None:
-    i, n = 2, len(data)
-    while i + 9 < n:
+    i, n, segments = 2, len(data), 0
+    while i + 9 < n and segments < structure.MAX_JPEG_SEGMENTS:
         if data[i] != 0xFF:
             return None
+        i = _FILL.match(data, i).end() - 1  # fill bytes: any number, skipped at C speed
+        if i + 9 >= n:
+            return None
         marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
+        segments += 1
         if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
             i += 2
             continue
@@ -250,7 +254,12 @@ def open_checked(data: bytes, fmt: str, max_pixels: int) -> Opened:
     frames = layout.frames
     if fmt in ("webp", "avif", "heif"):  # counted by the C demuxers while opening
         frames = int(getattr(im, "n_frames", 1) or 1)
-    return Opened(im, fmt, max(1, frames), layout.nclx)
+    nclx = layout.nclx
+    p = im.info.get("nclx_profile")
+    if isinstance(p, dict):  # pillow-heif: the primary image's own description
+        nclx = (int(p.get("color_primaries", 2)), int(p.get("transfer_characteristics", 2)),
+                int(p.get("matrix_coefficients", 2)), int(p.get("full_range_flag", 1)))
+    return Opened(im, fmt, max(1, frames), nclx)
 
 
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
@@ -322,6 +331,9 @@ def static_reasons(op: Opened) -> list[str]:
     o = orientation(im)
     if o != 1:
         reasons.append(f"orientation:{o}")
+    depth = im.info.get("bit_depth")  # pillow-heif: 10/12-bit samples, delivered as 8-bit
+    if isinstance(depth, int) and depth > 8:
+        reasons.append(f"{depth}-bit")
     if im.mode in _DEEP:
         reasons.append("16-bit" if im.mode.startswith("I;16") else f"mode:{im.mode}")
     elif im.mode not in ("RGB", "L", "P", "1") + _ALPHA:

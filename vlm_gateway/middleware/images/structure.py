@@ -232,24 +232,24 @@ def _webp(data: bytes) -> Layout:
 
 # -- ISOBMFF (AVIF, HEIF) ----------------------------------------------------------------
 
-def _boxes(data: bytes, start: int, end: int, budget: list[int]):
+def _boxes(data: bytes, start: int, end: int, budget: list[int], fmt: str):
     """(type, payload start, box end) of the boxes in data[start:end]."""
     i = start
     while i + 8 <= end:
         budget[0] -= 1
         if budget[0] < 0:
-            raise _complex("heif", f"has more than {MAX_ISOBMFF_BOXES} boxes")
+            raise _complex(fmt, f"has more than {MAX_ISOBMFF_BOXES} boxes")
         size, kind = struct.unpack_from(">I4s", data, i)
         head = 8
         if size == 1:
             if i + 16 > end:
-                raise _corrupt("heif", "a box header is truncated")
+                raise _corrupt(fmt, "a box header is truncated")
             (size,) = struct.unpack_from(">Q", data, i + 8)
             head = 16
         elif size == 0:
             size = end - i
         if size < head or i + size > end:
-            raise _corrupt("heif", f"the {kind.decode('latin-1')!r} box runs past the end")
+            raise _corrupt(fmt, f"the {kind.decode('latin-1')!r} box runs past the end")
         yield kind, i + head, i + size
         i += size
 
@@ -259,20 +259,20 @@ def _isobmff(data: bytes, fmt: str) -> Layout:
     layout = Layout()
     meta = False
     try:
-        for kind, p, end in _boxes(data, 0, len(data), budget):
+        for kind, p, end in _boxes(data, 0, len(data), budget, fmt):
             if kind != b"meta":
                 continue
             meta = True
-            for k2, p2, e2 in _boxes(data, p + 4, end, budget):  # meta is a full box
+            for k2, p2, e2 in _boxes(data, p + 4, end, budget, fmt):  # meta is a full box
                 if k2 == b"iinf":
                     version = data[p2]
                     layout.items = (struct.unpack_from(">H", data, p2 + 4)[0] if version == 0
                                     else struct.unpack_from(">I", data, p2 + 4)[0])
                 elif k2 == b"iprp":
-                    for k3, p3, e3 in _boxes(data, p2, e2, budget):
+                    for k3, p3, e3 in _boxes(data, p2, e2, budget, fmt):
                         if k3 != b"ipco":
                             continue
-                        for k4, p4, e4 in _boxes(data, p3, e3, budget):
+                        for k4, p4, e4 in _boxes(data, p3, e3, budget, fmt):
                             if k4 == b"colr" and data[p4:p4 + 4] == b"nclx" and e4 - p4 >= 11 and layout.nclx is None:
                                 prim, trc, mat = struct.unpack_from(">HHH", data, p4 + 4)
                                 layout.nclx = (prim, trc, mat, data[p4 + 10] >> 7)
