@@ -187,50 +187,9 @@ def _png_chunks(ihdr: bytes, idat: bytes, extra: bytes = b"") -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + extra + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
-def _s15(v: float) -> bytes:
-    return struct.pack(">i", int(round(v * 65536)))
-
-
-def icc_profile(primaries, description: str = "Display P3 (generated)") -> bytes:
-    """A v4 matrix/TRC display profile with the sRGB tone curve and these xy primaries + white.
-
-    The colorants are Bradford-adapted to the D50 PCS, with a ``chad`` tag, as ICC v4
-    asks; LittleCMS and browsers read it like Apple's Display P3 profile."""
-    from .colour import adapt, rgb_to_xyz
-    d50 = (0.3457, 0.3585)
-    m = adapt(primaries[3], d50) @ rgb_to_xyz(primaries)
-    chad = adapt(primaries[3], d50)
-
-    def xyz(v) -> bytes:
-        return b"XYZ \0\0\0\0" + b"".join(_s15(x) for x in v)
-
-    def mluc(text: str) -> bytes:
-        s = text.encode("utf-16-be")
-        return b"mluc\0\0\0\0" + struct.pack(">II2s2sII", 1, 12, b"en", b"US", len(s), 28) + s
-
-    para = b"para\0\0\0\0" + struct.pack(">HH", 3, 0) + b"".join(
-        _s15(v) for v in (2.4, 1 / 1.055, 0.055 / 1.055, 1 / 12.92, 0.04045))
-    tags = [(b"desc", mluc(description)), (b"cprt", mluc("No copyright, generated test data")),
-            (b"wtpt", xyz((0.9642, 1.0, 0.8249))), (b"chad", b"sf32\0\0\0\0" + b"".join(_s15(v) for v in chad.flat)),
-            (b"rXYZ", xyz(m[:, 0])), (b"gXYZ", xyz(m[:, 1])), (b"bXYZ", xyz(m[:, 2])),
-            (b"rTRC", para), (b"gTRC", para), (b"bTRC", para)]
-    table, body = b"", b""
-    offset = 128 + 4 + 12 * len(tags)
-    for sig, data in tags:
-        data += b"\0" * (-len(data) % 4)
-        table += struct.pack(">4sII", sig, offset + len(body), len(data))
-        body += data
-    size = offset + len(body)
-    header = (struct.pack(">I4sI4s4s4s", size, b"\0\0\0\0", 0x04300000, b"mntr", b"RGB ", b"XYZ ")
-              + struct.pack(">6H", 2026, 1, 1, 0, 0, 0) + b"acsp" + b"\0" * 24 + struct.pack(">I", 0)
-              + _s15(0.9642) + _s15(1.0) + _s15(0.8249) + b"\0" * 4 + b"\0" * 16 + b"\0" * 28)
-    assert len(header) == 128
-    return header + struct.pack(">I", len(tags)) + table + body
-
-
 def display_p3_icc() -> bytes:
-    from .colour import PRIMARIES
-    return icc_profile(PRIMARIES[12])
+    from .colour import PRIMARIES, icc_profile
+    return icc_profile(PRIMARIES[12], description="Display P3 (generated)")
 
 
 def p3_encode(srgb: tuple[int, int, int]) -> tuple[int, int, int]:

@@ -30,7 +30,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
-from PIL import AvifImagePlugin, Image, ImageOps, features
+from PIL import Image, ImageOps, features
 
 from . import colour, structure
 from .errors import ImageError
@@ -45,7 +45,10 @@ except ImportError:  # pragma: no cover - depends on the install
     HEIF = False
 
 AVIF = bool(features.check("avif"))
-AvifImagePlugin.DEFAULT_MAX_THREADS = 1
+if AVIF:
+    from PIL import AvifImagePlugin
+
+    AvifImagePlugin.DEFAULT_MAX_THREADS = 1  # as for HEIF: the pool spends the cores
 
 # Pillow's bomb check stays on beneath ours (ours is exact and runs first; Pillow's
 # raises at 2x its limit). ``ensure_backstop`` raises it to a configured limit above it.
@@ -239,6 +242,7 @@ class Opened:
     format: str
     frames: int = 1
     nclx: tuple[int, int, int, int] | None = None
+    exif: bool = True
 
     @property
     def size(self) -> tuple[int, int]:
@@ -259,13 +263,15 @@ def open_checked(data: bytes, fmt: str, max_pixels: int) -> Opened:
     if isinstance(p, dict):  # pillow-heif: the primary image's own description
         nclx = (int(p.get("color_primaries", 2)), int(p.get("transfer_characteristics", 2)),
                 int(p.get("matrix_coefficients", 2)), int(p.get("full_range_flag", 1)))
-    return Opened(im, fmt, max(1, frames), nclx)
+    return Opened(im, fmt, max(1, frames), nclx, layout.exif)
 
 
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 
 
-def orientation(im: Image.Image) -> int:
+def orientation(im: Image.Image, has_exif: bool = True) -> int:
+    if not has_exif:
+        return 1
     try:
         return int(im.getexif().get(0x0112, 1) or 1)
     except Exception:  # noqa: BLE001 - unreadable EXIF: shown as stored by viewers too
@@ -328,7 +334,7 @@ def static_reasons(op: Opened) -> list[str]:
         reasons.append("format:" + op.format)
     if op.frames > 1:
         reasons.append(f"frames:first-of-{op.frames}")
-    o = orientation(im)
+    o = orientation(im, op.exif)
     if o != 1:
         reasons.append(f"orientation:{o}")
     depth = im.info.get("bit_depth")  # pillow-heif: 10/12-bit samples, delivered as 8-bit
@@ -406,7 +412,7 @@ def decode_opened(op: Opened, draft_size: tuple[int, int] | None = None,
             im.seek(0)  # the first frame: the documented rule for animations and pages
         why = static_reasons(op) if reasons is None else list(reasons)
         icc = im.info.get("icc_profile")
-        orient = orientation(im)
+        orient = orientation(im, op.exif)
         stored_w = im.width
         if draft_size is not None and op.format == "jpeg":
             im.draft(None, draft_size)
@@ -431,6 +437,10 @@ def verify(op: Opened) -> Decoded | None:
         if op.format == "jpeg":  # every scan entropy-decoded, IDCT at 1/8: the cheap full check
             im.draft(None, (max(1, im.width // 8), max(1, im.height // 8)))
             im.load()
+            return None
+        if op.format in ("png", "gif") and im.mode in ("RGB", "L", "P", "1") and "transparency" not in im.info:
+            # the capped scan already checked every PNG chunk's CRC and IEND, every GIF block:
+            # truncation and corruption are caught without inflating (see docs/benchmarks/images.md)
             return None
         im.load()
         if im.mode in ("RGB", "L", "1") and "transparency" not in im.info:

@@ -53,6 +53,9 @@ class Layout:
     # (colour_primaries, transfer_characteristics, matrix_coefficients, full_range) of an ISOBMFF 'colr' nclx box
     nclx: tuple[int, int, int, int] | None = None
     items: int = 0
+    # False when the container has no EXIF (a PNG without eXIf): orientation is 1 without
+    # asking Pillow, whose PNG getexif() decodes the whole image to look for a late chunk
+    exif: bool = True
 
 
 def _corrupt(fmt: str, what: str) -> ImageError:
@@ -105,7 +108,7 @@ def _jpeg(data: bytes) -> Layout:
 def _png(data: bytes, crc: bool) -> Layout:
     n = len(data)
     mv = memoryview(data)
-    i, chunks, frames = 8, 0, 1
+    i, chunks, frames, exif = 8, 0, 1, False
     while True:
         if i + 8 > n:
             raise _corrupt("png", "no IEND chunk: the file is truncated")
@@ -121,10 +124,12 @@ def _png(data: bytes, crc: bool) -> Layout:
             break
         if kind == b"acTL" and length >= 8:
             frames = max(1, int.from_bytes(data[i + 8:i + 12], "big"))
+        elif kind == b"eXIf":
+            exif = True
         if chunks > MAX_PNG_CHUNKS:
             raise _complex("png", f"has more than {MAX_PNG_CHUNKS} chunks")
         i = end
-    return Layout(frames=frames)
+    return Layout(frames=frames, exif=exif)
 
 
 def _gif(data: bytes, max_pixels: int) -> Layout:
