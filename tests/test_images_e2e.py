@@ -292,3 +292,13 @@ def test_half_a_base64_string_is_a_gateway_400(env, cut):
     assert r.status_code == 400
     assert r.json()["error"]["code"] in ("image_corrupt", "invalid_image_base64")
     assert len(sim.sim_requests()) == n
+
+
+def test_playground_shows_conversions_and_runs_the_same_guards(env):
+    sim, gw = env
+    d = httpx.post(gw.url + "/ui/api/rewrite", json={"image": uri(C.avif(600, 400), "image/avif")}, timeout=30).json()
+    assert d["rewritten"] is True and d["conversions"] == ["format:avif"]
+    assert decoded(d["image"]).format in ("JPEG", "PNG")
+    # the playground's own size probe goes through the structural caps too (no bare Image.open)
+    r = httpx.post(gw.url + "/ui/api/rewrite", json={"image": uri(C.png_many_chunks(), "image/png")}, timeout=30)
+    assert r.status_code == 400 and "chunks" in r.json()["error"]["message"]
