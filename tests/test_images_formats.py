@@ -181,3 +181,13 @@ def test_declared_size_above_the_limit_refused_before_decoding(codec):
     with pytest.raises(ImageError) as e:
         rewrite_bytes(small, max_source_pixels=64 * 63)
     assert e.value.code == "image_too_large"
+
+
+@heif_only
+def test_multi_image_heif_sends_its_primary_image():
+    ims = [Image.new("RGB", (320, 240), c) for c in ((250, 0, 0), (0, 0, 250))]
+    data = C.save(ims[0], "HEIF", save_all=True, append_images=ims[1:], primary_index=1, quality=90)
+    r = rewrite_bytes(data)
+    assert "images:primary-of-2" in r.conversions
+    px = centre(r)
+    assert px[2] > 200 and px[0] < 40  # the primary (blue), not the first (red)

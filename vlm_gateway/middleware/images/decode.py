@@ -55,6 +55,9 @@ if AVIF:
 PILLOW_MAX_PIXELS = Image.MAX_IMAGE_PIXELS or int(1024 * 1024 * 1024 // 4 // 3)
 Image.MAX_IMAGE_PIXELS = PILLOW_MAX_PIXELS
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+# Pillow's warnings about odd files (corrupt EXIF, malformed MPO, palette transparency) would
+# print once per hostile request; the outcome is in the response and the metrics instead.
+warnings.filterwarnings("ignore", module=r"PIL\.")
 
 # Only the allow-listed decoders are ever tried (also keeps Image.open from probing others).
 FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "gif": "GIF", "bmp": "BMP", "tiff": "TIFF",
@@ -243,6 +246,7 @@ class Opened:
     frames: int = 1
     nclx: tuple[int, int, int, int] | None = None
     exif: bool = True
+    max_pixels: int = 64_000_000
 
     @property
     def size(self) -> tuple[int, int]:
@@ -263,7 +267,7 @@ def open_checked(data: bytes, fmt: str, max_pixels: int) -> Opened:
     if isinstance(p, dict):  # pillow-heif: the primary image's own description
         nclx = (int(p.get("color_primaries", 2)), int(p.get("transfer_characteristics", 2)),
                 int(p.get("matrix_coefficients", 2)), int(p.get("full_range_flag", 1)))
-    return Opened(im, fmt, max(1, frames), nclx, layout.exif)
+    return Opened(im, fmt, max(1, frames), nclx, layout.exif, max_pixels)
 
 
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
@@ -332,8 +336,8 @@ def static_reasons(op: Opened) -> list[str]:
     reasons = []
     if op.format in ALWAYS_CONVERT:
         reasons.append("format:" + op.format)
-    if op.frames > 1:
-        reasons.append(f"frames:first-of-{op.frames}")
+    if op.frames > 1:  # HEIF: several top-level images; the primary one is what viewers show
+        reasons.append(f"images:primary-of-{op.frames}" if op.format == "heif" else f"frames:first-of-{op.frames}")
     o = orientation(im, op.exif)
     if o != 1:
         reasons.append(f"orientation:{o}")
@@ -408,7 +412,7 @@ def decode_opened(op: Opened, draft_size: tuple[int, int] | None = None,
     rotation) lets JPEG decode with DCT scaling to no less than that size."""
     def run() -> Decoded:
         im = op.im
-        if op.frames > 1:
+        if op.frames > 1 and op.format != "heif":
             im.seek(0)  # the first frame: the documented rule for animations and pages
         why = static_reasons(op) if reasons is None else list(reasons)
         icc = im.info.get("icc_profile")
@@ -417,6 +421,7 @@ def decode_opened(op: Opened, draft_size: tuple[int, int] | None = None,
         if draft_size is not None and op.format == "jpeg":
             im.draft(None, draft_size)
         im.load()
+        check_size(op.format, *im.size, op.max_pixels)  # some decoders (HEIF) settle the size only now
         scale = stored_w / im.width
         if orient != 1:
             im = ImageOps.exif_transpose(im)
@@ -443,6 +448,7 @@ def verify(op: Opened) -> Decoded | None:
             # truncation and corruption are caught without inflating (see docs/benchmarks/images.md)
             return None
         im.load()
+        check_size(op.format, *im.size, op.max_pixels)
         if im.mode in ("RGB", "L", "1") and "transparency" not in im.info:
             return None
         if im.mode == "P" and "transparency" not in im.info:
