@@ -419,6 +419,24 @@ def tiff_ifd_chain(n: int = 20000) -> bytes:
     return bytes(out)
 
 
+def tiff_tag_flood(values: int = 2_000_000) -> bytes:
+    """One small page whose first IFD carries an unknown tag of ``values`` SHORTs."""
+    t = bytearray(tiff_ifd_chain(1))
+    count = struct.unpack_from("<H", t, 8)[0]
+    extra = struct.pack("<HHII", 65000, 3, values, len(t) + 12)
+    t[8:10] = struct.pack("<H", count + 1)
+    t = t[:10 + 12 * count] + extra + t[10 + 12 * count:]
+    return bytes(t) + b"\0" * (2 * values)
+
+
+def jpeg_empty_scans(n: int = 200, side: int = 1024) -> bytes:
+    """A progressive JPEG followed by ``n`` scan headers without data: each costs a pass."""
+    j = save(Image.fromarray(photo_array(side, side)), "JPEG", progressive=True, quality=80)
+    first = j.index(b"\xff\xda")
+    hdr = j[first:first + 2 + int.from_bytes(j[first + 2:first + 4], "big")]
+    return j[:-2] + hdr * n + b"\xff\xd9"
+
+
 def tiff_ifd_loop() -> bytes:
     """Two IFDs pointing at each other."""
     t = bytearray(tiff_ifd_chain(2))
@@ -464,6 +482,8 @@ def hostile() -> dict[str, tuple[bytes, set[str]]]:
         "jpeg_second_sof_100mp": (jpeg_second_sof(10000, 10000), large | corrupt),
         "jpeg_many_scans": (jpeg_many_scans(), cplx),
         "tiff_ifd_chain": (tiff_ifd_chain(), cplx),
+        "tiff_tag_flood": (tiff_tag_flood(), cplx),
+        "jpeg_empty_scans": (jpeg_empty_scans(), cplx),
         "bmp_rle": (bmp_rle(), cplx),
         "webp_huge_canvas": (webp_huge_canvas(), large),
         "avif_huge_ispe": (with_ispe(avif(64, 64), 60000, 60000), large | corrupt),
@@ -473,9 +493,9 @@ def hostile() -> dict[str, tuple[bytes, set[str]]]:
         cases["heic_huge_ispe"] = (with_ispe(heic(64, 64), 60000, 60000), large | corrupt)
         cases["heic_grid_4096_tiles"] = (isobmff_grid("heif", 64, 64), cplx)
     small = {"png": screenshot_png(600, 400, (40, 20)), "jpeg": photo_jpeg(600, 400), "gif": animated_gif(300, 200),
-             "webp": webp(600, 400), "bmp": bmp(300, 200), "tiff": tiff(300, 200), "avif": avif(600, 400)}
+             "webp": webp(600, 400), "bmp": bmp(300, 200), "tiff": tiff(300, 200), "avif": avif(320, 240)}
     if HEIF:
-        small["heic"] = heic(600, 400)
+        small["heic"] = heic(320, 240)
     for name, data in small.items():
         for keep in (0.5, 0.9):
             cases[f"{name}_truncated_{int(keep * 100)}"] = (truncated(data, keep), corrupt)
