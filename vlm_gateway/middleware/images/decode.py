@@ -30,7 +30,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
-from PIL import Image, ImageOps, features
+from PIL import Image, ImageOps, PngImagePlugin, features
 
 from . import colour, structure
 from .errors import ImageError
@@ -58,6 +58,10 @@ warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 # Pillow's warnings about odd files (corrupt EXIF, malformed MPO, palette transparency) would
 # print once per hostile request; the outcome is in the response and the metrics instead.
 warnings.filterwarnings("ignore", module=r"PIL\.")
+
+# PNG text chunks (tEXt/zTXt/iTXt) are never used; Pillow would inflate up to 64 MB of them
+# per image (1 MB each). 4 MB keeps every real file and bounds the rest.
+PngImagePlugin.MAX_TEXT_MEMORY = 4 * 1024 * 1024
 
 # Only the allow-listed decoders are ever tried (also keeps Image.open from probing others).
 FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "gif": "GIF", "bmp": "BMP", "tiff": "TIFF",
