@@ -191,3 +191,21 @@ def test_multi_image_heif_sends_its_primary_image():
     assert "images:primary-of-2" in r.conversions
     px = centre(r)
     assert px[2] > 200 and px[0] < 40  # the primary (blue), not the first (red)
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "AVIF", pytest.param("HEIF", marks=heif_only)])
+def test_orientation_applied_once_in_every_format(fmt):
+    """Stored 600x400 (left red, right blue) with EXIF orientation 6: upright 400x600 with red
+    on top, whether the library applies the rotation (libheif: irot) or the gateway does."""
+    a = np.zeros((400, 600, 3), np.uint8)
+    a[:, :300] = (220, 20, 20)
+    a[:, 300:] = (20, 20, 220)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    im = Image.fromarray(a)
+    data = (C.heic(image=im, exif=exif.tobytes()) if fmt == "HEIF"
+            else C.save(im, fmt, exif=exif.tobytes(), **({} if fmt == "PNG" else {"quality": 90})))
+    r = rewrite_bytes(data)
+    assert (r.width, r.height) == (400, 600)
+    o = np.asarray(out_image(r)).astype(int)
+    assert o[5, 200, 0] > 200 and o[-5, 200, 2] > 200
