@@ -103,6 +103,9 @@ class ImagesConfig:
     max_pixels: int = 16777216
     detail_low_long_side: int = 448
     detail_high_long_side: int = 1280
+    # How http(s) URLs in every media part (images, video, audio) are handled: fetch (safely,
+    # then inlined: the engine never fetches), passthrough (checked here, fetched by the
+    # engine), reject (data: URIs only). The fetch settings below apply to every kind.
     url_mode: Literal["fetch", "passthrough", "reject"] = "fetch"
     allow_private_networks: bool = False
     # CIDRs exempt from the private-address guard (e.g. an internal image store).
@@ -122,7 +125,8 @@ class ImagesConfig:
     # for -0.01 to -0.8 dB, every output still >= 37 dB against the float64 Lanczos reference.
     resample: Literal["lanczos", "bicubic", "bilinear"] = "bicubic"
     prescale_gap: float = 1.2
-    # Remember a fetched URL's content hash this long (a repeat skips the fetch on an L1 hit).
+    # Remember a fetched URL's strong ETag and content hash this long: a repeat asks the
+    # origin (If-None-Match) and, on 304, reuses the L1 rewrite without the body. 0 = off.
     url_cache_ttl_s: float = 300.0
     # L1 rewritten-image cache.
     l1_max_bytes: int = 256 * 1024 * 1024
@@ -132,6 +136,9 @@ class ImagesConfig:
     max_queue: int = 64
     # Per-model overrides: {model_name: {max_long_side: .., grid_factor: .., ...}}
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Accept image_embeds parts (base64 tensors the gateway cannot inspect; the engine needs
+    # --enable-mm-embeds). They count as images and against limits.max_total_image_bytes.
+    allow_image_embeds: bool = False
 
 
 @dataclass
@@ -188,9 +195,22 @@ class AuthConfig:
 @dataclass
 class LimitsConfig:
     max_messages: int = 1024
+    # image_url and input_image parts (and image_embeds where allowed)
     max_images_per_request: int = 16
+    # Image bytes per request: data: payloads plus fetched bodies.
     max_total_image_bytes: int = 64 * 1024 * 1024
     max_tokens_cap: int = 0
+    # video_url parts, and the bytes of one video / of all a request's videos (data: or fetched).
+    max_videos_per_request: int = 2
+    max_video_bytes: int = 64 * 1024 * 1024
+    max_total_video_bytes: int = 128 * 1024 * 1024
+    # audio_url and input_audio parts, likewise.
+    max_audios_per_request: int = 4
+    max_audio_bytes: int = 16 * 1024 * 1024
+    max_total_audio_bytes: int = 32 * 1024 * 1024
+    # Media bytes one process holds at once (fetch buffers and decoded sources of every
+    # request in flight); a request that would pass it gets 503 with Retry-After. 0 = no bound.
+    max_media_bytes_in_flight: int = 512 * 1024 * 1024
 
 
 @dataclass
