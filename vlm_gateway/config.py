@@ -195,18 +195,23 @@ class AuthConfig:
 @dataclass
 class LimitsConfig:
     max_messages: int = 1024
-    # image_url and input_image parts (and image_embeds where allowed)
+    # image_url and input_image parts per request (and image_embeds where allowed).
     max_images_per_request: int = 16
     # Image bytes per request: data: payloads plus fetched bodies.
     max_total_image_bytes: int = 64 * 1024 * 1024
+    # Clamp `max_tokens` for everyone; 0 = no clamp.
     max_tokens_cap: int = 0
-    # video_url parts, and the bytes of one video / of all a request's videos (data: or fetched).
+    # video_url parts per request.
     max_videos_per_request: int = 2
+    # Bytes of one video part, data: or fetched.
     max_video_bytes: int = 64 * 1024 * 1024
+    # Video bytes per request: data: payloads plus fetched bodies.
     max_total_video_bytes: int = 128 * 1024 * 1024
-    # audio_url and input_audio parts, likewise.
+    # audio_url and input_audio parts per request.
     max_audios_per_request: int = 4
+    # Bytes of one audio part, data:, input_audio or fetched.
     max_audio_bytes: int = 16 * 1024 * 1024
+    # Audio bytes per request: inline payloads plus fetched bodies.
     max_total_audio_bytes: int = 32 * 1024 * 1024
     # Media bytes one process holds at once (fetch buffers and decoded sources of every
     # request in flight); a request that would pass it gets 503 with Retry-After. 0 = no bound.
