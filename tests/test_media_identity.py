@@ -129,3 +129,22 @@ def test_identity_is_blake3_of_the_bytes():
     except ImportError:
         return
     assert xxhash.xxh3_128_hexdigest(a) == xxhash.xxh3_128_hexdigest(b)  # what the old identity could not tell
+
+
+def test_passthrough_urls_are_never_answered_from_the_cache(servers):
+    """url_mode passthrough: the engine fetches, the gateway never sees the bytes, so an
+    answer cached under the URL could outlive the content: such requests bypass L3."""
+    sim = servers.sim()
+    gw = servers.gateway({"images": {"url_mode": "passthrough", "allow_networks": ["127.0.0.1/32"]}},
+                         backends=[sim])
+    with Origin() as origin:
+        url = origin.put("/photo.jpg", A, "image/jpeg")
+        for _ in range(2):
+            r = ask(gw, url)
+            assert r.status_code == 200 and r.headers["x-vlm-gateway-cache"] == "bypass", r.text
+        assert len(sim.sim_requests()) == 2
+        assert origin.hits["/photo.jpg"] == 2  # fetched by the engine, each time
+        # data: images in the same gateway are still cached
+        data = "data:image/jpeg;base64," + base64.b64encode(A).decode()
+        assert ask(gw, data).headers["x-vlm-gateway-cache"] == "miss"
+        assert ask(gw, data).headers["x-vlm-gateway-cache"] == "hit-exact"

@@ -58,6 +58,10 @@ class CacheKeys:
     question: str
     normalized_question: str
     normalized: str  # "" when there is no question
+    # False when a media part is known only by its URL (url_mode passthrough: the engine
+    # fetches, the gateway never saw the bytes): an answer cached under the URL could
+    # be served after the content behind it changed, so such requests bypass L3.
+    content_known: bool = True
 
 
 def _content(content: Any, media: dict[tuple[int, int], Any], mi: int) -> list:
@@ -84,6 +88,7 @@ def _content(content: Any, media: dict[tuple[int, int], Any], mi: int) -> list:
 
 def build_keys(req: "ChatRequest") -> CacheKeys:
     images = {(p.message, p.index): p for p in req.media}
+    known = all(p.content_hash and not p.content_hash.startswith("url:") for p in req.media)
     messages = req.body["messages"]
     canon = []
     for mi, msg in enumerate(messages):
@@ -104,7 +109,7 @@ def build_keys(req: "ChatRequest") -> CacheKeys:
         texts = [p.get("text", "") for p in last["content"] if p.get("type") == "text"]
         question = "\n".join(t for t in texts if isinstance(t, str))
     if not question.strip():
-        return CacheKeys(exact, "", "", "", "")
+        return CacheKeys(exact, "", "", "", "", known)
     # Partition: the last message keeps its images, roles and part layout; its text
     # parts collapse into one placeholder so only the question's wording is left out.
     rest = [p for p in last["content"] if p.get("type") != "text"]
@@ -113,4 +118,4 @@ def build_keys(req: "ChatRequest") -> CacheKeys:
     partition = _h("partition", scope, req.model, canon[:-1] + [last_canon], params)
     nq = normalize_question(question)
     normalized = _h("normalized", partition, nq) if nq else ""
-    return CacheKeys(exact, partition, question, nq, normalized)
+    return CacheKeys(exact, partition, question, nq, normalized, known)
