@@ -216,6 +216,11 @@ def test_url_mode_passthrough_still_guards(module_servers, origin):
         assert r.status_code == 400 and r.json()["error"]["code"].endswith("_url_private_address")
         r = chat(gw, [make("https://cdn.evil.example/a")])
         assert r.status_code == 400 and r.json()["error"]["code"].endswith("_url_denied")
+        # the engine parses the URL again: forms parsers disagree on are refused
+        for odd in ("http://cdn.example.org@127.0.0.1/a", "http://cdn.example.org\\@127.0.0.1/a",
+                    "http://127.0.0.1/a b"):
+            r = chat(gw, [make(odd)])
+            assert r.status_code == 400 and r.json()["error"]["code"].startswith("invalid_"), (odd, r.text)
     assert sim.sim_requests() == []
 
 

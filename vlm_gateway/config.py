@@ -95,6 +95,8 @@ class RoutingConfig:
 
 @dataclass
 class ImagesConfig:
+    # Rewrite images for the model's budget; false = send them as they came (their sources
+    # are still fetched safely, checked and counted like every media part).
     enabled: bool = True
     max_long_side: int = 768
     # Token grid: 32 for Qwen3-VL (16 px patches merged 2x2), 28 for Qwen2/2.5-VL.

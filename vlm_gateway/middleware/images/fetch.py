@@ -128,8 +128,13 @@ def _exempt(policy: FetchPolicy) -> list:
 
 async def check_address(url: str, policy: FetchPolicy, what: str = "image") -> None:
     """The whole policy for a URL that is not fetched here (``url_mode: passthrough``):
-    scheme, domain lists and the address guard on what the host resolves to now."""
+    scheme, domain lists and the address guard on what the host resolves to now. The
+    engine parses the URL again, so forms that URL parsers read differently (user
+    info, backslashes, spaces, control characters) are refused."""
     _scheme, host, port = check_url(url, policy, what)
+    if any(c.isspace() or ord(c) < 32 or c == "\\" for c in url) or "@" in urlsplit(url).netloc:
+        raise FetchError(f"the {what} URL has user info, spaces, backslashes or control characters, which "
+                         "URL parsers read differently", f"invalid_{what}_url")
     await _resolve(host, port, policy.allow_private_networks, _exempt(policy), what)
 
 
