@@ -148,3 +148,23 @@ def test_passthrough_urls_are_never_answered_from_the_cache(servers):
         data = "data:image/jpeg;base64," + base64.b64encode(A).decode()
         assert ask(gw, data).headers["x-vlm-gateway-cache"] == "miss"
         assert ask(gw, data).headers["x-vlm-gateway-cache"] == "hit-exact"
+
+
+def test_revalidated_identity_never_sends_other_bytes(servers):
+    """An origin that answers 304 for an ETag whose content it changed: when the body
+    has to be fetched again (its rewrite is not in L1), the gateway notices the bytes
+    differ from the identity already used and refuses rather than send them under it."""
+    sim = servers.sim()
+    gw = servers.gateway({"images": {"allow_networks": ["127.0.0.1/32"], "l1_max_bytes": 1000}},
+                         backends=[sim])
+    with Origin() as origin:
+        url = origin.put("/liar.jpg", A, "image/jpeg", etag='"same"')
+        assert ask(gw, url).status_code == 200
+        origin.put("/liar.jpg", B, "image/jpeg", etag='"same"')
+        r = ask(gw, url, "second question")
+        assert origin.not_modified == 1
+        assert r.status_code == 503 and r.json()["error"]["code"] == "image_changed", r.text
+        assert r.json()["error"]["param"] == "messages[0].content[1].image_url"
+        assert len(sim.sim_requests()) == 1
+        r = ask(gw, url, "third question")  # the URL was forgotten: fetched whole, B is used
+        assert r.status_code == 200 and size(sent_image(sim)) == (576, 768)

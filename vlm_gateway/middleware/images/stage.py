@@ -5,8 +5,9 @@ the media policy (``source.MediaSources``: data: URI, safe fetch with its bytes
 counted and held, or a checked pass-through URL), hash the bytes actually used,
 read the size from the header and refuse what must be refused (400 naming the
 part). With ``images.enabled: false`` every policy is "off": nothing is
-rewritten, but the sources are still resolved, checked and counted. Then rewrite for the model's policy right away, so a broken image
-fails before any response starts, and register a ``before_send`` hook that
+rewritten, but the sources are still resolved, checked and counted. Then
+rewrite for the model's policy right away, so a broken image fails before any
+response starts, and register a ``before_send`` hook that
 applies the rewrite for the chosen backend (capped by its profile's
 ``image_max_long_side``; L1 makes a second rewrite cheap). Pass-through data:
 images keep their original string byte for byte.
@@ -113,7 +114,7 @@ class ImageRewriter:
                     # bytes under an identity the caches already used
                     self.sources.memo.forget(src.url)
                     raise Unavailable(f"The image at {part.param} changed while the request was handled; retry",
-                                      param=part.param, code="image_changed", headers={"retry-after": "0"})
+                                      param=part.param, code="image_changed", headers={"retry-after": "1"})
                 src.data = data
             data = src.data
             if not needs_rewrite(header, policy):  # URL within budget: its bytes, unchanged, inline
@@ -148,8 +149,6 @@ class ImageRewriter:
         # rewrite now for the model's policy: errors surface before routing and the
         # before_send hook usually only applies these results
         done = await _gather([self.rewritten(p, s, pol, req) for p, s, pol in zip(req.images, sources, policies)])
-        for part, src in zip(req.images, sources):
-            part.content_hash = src.hash  # the bytes actually used
         plan = {"sources": sources, "policies": policies, "results": done, "applied": None, "counted": False}
         req.state["images"] = plan
         self._apply(req, [(pol, r) for pol, (r, _) in zip(policies, done)])
