@@ -315,3 +315,22 @@ def test_openai_sdk_gets_the_refusal(env):
             {"type": "video_url", "video_url": {"url": "http://169.254.169.254/latest/meta-data/"}}]}])
     assert e.value.body["param"] == "messages[0].content[1].video_url"
     assert e.value.body["code"] == "video_url_private_address"
+
+
+def test_engine_media_kwargs_refused_unless_allowed(env, module_servers):
+    """mm_processor_kwargs / media_io_kwargs would let a client raise the engine's pixel or
+    frame budget past the gateway's limits."""
+    sim, guarded, _ = env
+    small = image_url(uri(C.photo_jpeg(64, 64), "image/jpeg"))
+    for k, v in (("mm_processor_kwargs", {"max_pixels": 100_000_000, "min_pixels": 50_000_000}),
+                 ("media_io_kwargs", {"video": {"num_frames": 100_000}})):
+        n = len(sim.sim_requests())
+        r = chat(guarded, [small], **{k: v})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == k and "limits.allow_media_kwargs" in err["message"]
+        assert len(sim.sim_requests()) == n
+    gw = module_servers.gateway({"limits": {"allow_media_kwargs": True}}, backends=[sim])
+    r = chat(gw, [small], mm_processor_kwargs={"max_pixels": 1_000_000})
+    assert r.status_code == 200, r.text
+    assert sim.sim_requests()[-1]["mm_processor_kwargs"] == {"max_pixels": 1_000_000}

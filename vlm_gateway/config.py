@@ -218,6 +218,10 @@ class LimitsConfig:
     # Media bytes one process holds at once (fetch buffers and decoded sources of every
     # request in flight); a request that would pass it gets 503 with Retry-After. 0 = no bound.
     max_media_bytes_in_flight: int = 512 * 1024 * 1024
+    # Forward the engine extras that change how it reads media (vLLM's mm_processor_kwargs,
+    # media_io_kwargs: pixel budgets, video frames). Off: refused with 400 in requests with media
+    # parts, so a client cannot raise the pixel or frame budget past the gateway's limits.
+    allow_media_kwargs: bool = False
 
 
 @dataclass

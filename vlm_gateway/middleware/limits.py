@@ -2,8 +2,9 @@
 messages, media parts per kind (images -- image_url, input_image and allowed
 image_embeds --, videos, audios), the inline bytes of every media part per kind
 (data: payloads, input_audio, image_embeds; fetched bodies are added to the same
-totals as they stream, see ``images.inflight``), image_embeds unless allowed, and
-the max_tokens cap (per tenant, else global). Each refusal is a 4xx that names
+totals as they stream, see ``images.inflight``), image_embeds unless allowed, the
+engine extras that change how media are read (``mm_processor_kwargs``,
+``media_io_kwargs``: pixel budgets, video frames) unless allowed, and the max_tokens cap (per tenant, else global). Each refusal is a 4xx that names
 the limit; the body size itself is refused earlier with 413 by the endpoint.
 Pixels per image are checked by the image stage once the header is read
 (``images.max_source_pixels``).
@@ -31,6 +32,9 @@ def inline_bytes(url: str) -> int:
 
 
 # kind -> (what, its count limit); image embeddings count as images
+# vLLM request extras that change how the engine reads media: a client could raise the
+# pixel budget (max_pixels) or the frames sampled past the gateway's limits
+MEDIA_KWARGS = ("mm_processor_kwargs", "media_io_kwargs")
 _COUNTS = {"image": ("images", "max_images_per_request"), "embeds": ("images", "max_images_per_request"),
            "video": ("videos", "max_videos_per_request"), "audio": ("audios", "max_audios_per_request")}
 
@@ -46,6 +50,13 @@ def make(gw: "Gateway"):
                              f"({lim.max_messages})", param="messages", code="too_many_messages")
         if not req.media:
             return _tokens(req)
+        if not lim.allow_media_kwargs:  # (without media parts they change nothing)
+            for k in MEDIA_KWARGS:
+                if req.body.get(k) is not None:
+                    raise BadRequest(f"'{k}' changes how the engine reads images and video past this gateway's "
+                                     "limits and is refused with media parts; set limits.allow_media_kwargs: "
+                                     "true (VLM_GATEWAY_LIMITS__ALLOW_MEDIA_KWARGS=true) to forward it",
+                                     param=k, code="unsupported_parameter")
         counts: dict[str, int] = {}
         for p in req.media:
             if p.kind == "embeds" and not allow_embeds:
