@@ -140,11 +140,11 @@ class ChatRequest:
     # Every media part (images included, in order); ``images`` is its image subset.
     media: list[MediaPart] = field(default_factory=list)
     # Media bytes this request counts against its limits and holds in memory.
-    media_bytes: "MediaTally" = field(default_factory=lambda: MediaTally())
+    media_bytes: MediaTally = field(default_factory=MediaTally)
 
     def visual_items(self) -> int:
         """Parts a per-minute image limit counts: images, videos, image embeddings."""
-        return sum(1 for p in self.media if p.kind in ("image", "video", "embeds"))
+        return len(self.images) + sum(1 for p in self.media if p.kind in ("video", "embeds"))
 
     @property
     def include_usage(self) -> bool:
