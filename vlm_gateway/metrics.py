@@ -107,3 +107,7 @@ def render() -> tuple[bytes, str]:
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(), CONTENT_TYPE_LATEST
+MEDIA_BYTES_IN_FLIGHT = _gauge("vlm_gateway_media_bytes_in_flight",
+                               "Media bytes held for requests in flight (fetch buffers, decoded sources)")
+MEDIA_PARTS = Counter("vlm_gateway_media_parts_total", "Non-image media parts by kind and outcome",
+                      ("kind", "outcome"))
