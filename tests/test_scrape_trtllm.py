@@ -54,9 +54,12 @@ def test_empty_and_foreign_json_bodies():
     assert decode(b'{"error": {"message": "x"}}', "trtllm_json") is None
     assert decode(b"[1, 2]", "trtllm_json") is None
     assert decode(b"{not json", "trtllm_json") is None
-    # an iteration without KV-cache statistics still gives the request counts
+    # an iteration without KV-cache statistics still gives the request counts; requests that
+    # completed in the iteration were counted active at its start and are not running after it
     assert iteration_figures([{"iter": 1, "numActiveRequests": 2, "numQueuedRequests": 0,
                                "kvCacheStats": None}]) == {"running": 2.0, "waiting": 0.0}
+    assert iteration_figures([{"iter": 9, "numActiveRequests": 3, "numQueuedRequests": 1,
+                               "numCompletedRequests": 2}]) == {"running": 1.0, "waiting": 1.0}
     # a zero-block pool is not a division
     e = json.loads(ITER_JSON)[0]
     e["kvCacheStats"]["maxNumBlocks"] = 0
@@ -111,10 +114,17 @@ def _chat(sim, text: str = "hello there", max_tokens: int = 4) -> None:
     assert r.status_code == 200, r.text
 
 
-async def _scrape(b: Backend) -> dict | None:
+async def _scrape(b: Backend, within: float = 0.0) -> dict | None:
+    """Scrape as the pool's loop does (every 0.1 s, 0.5 s timeout) until figures come or
+    ``within`` seconds pass; the figures, or None."""
     await b.start(UpstreamConfig())
     try:
-        return await scrape(b, timeout_s=0.5)
+        deadline = time.monotonic() + within
+        while True:
+            got = await scrape(b, timeout_s=0.5)
+            if got is not None or time.monotonic() >= deadline:
+                return got
+            await asyncio.sleep(0.1)
     finally:
         await b.close()
 
@@ -131,13 +141,15 @@ def test_1_2_engine_is_read_from_its_iteration_statistics(module_servers):
     assert asyncio.run(_scrape(b)) is None and time.monotonic() - t0 < 1.5
     _chat(sim)
     t0 = time.monotonic()
-    got = asyncio.run(_scrape(b))
+    got = asyncio.run(_scrape(b, within=6))
     took = time.monotonic() - t0
     # /prometheus/metrics had no load figures, so /metrics (JSON) was read: it answers only
     # after 2 s without an iteration, then holds the last one (the request's final step)
     assert b.scrape_state.current == 1 and b.scrape_state.seen_format == "trtllm_json"
-    assert took >= 1.9
-    assert got["running"] == 1.0 and got["waiting"] == 0.0 and 0.0 <= got["kv_usage"] < 1.0
+    assert 1.9 <= took < 4
+    # that step still counts the request it completed (numActiveRequests 1, numCompletedRequests 1):
+    # nothing runs after it
+    assert got["running"] == 0.0 and got["waiting"] == 0.0 and 0.0 <= got["kv_usage"] < 1.0
     assert got["prefix_queries"] > 0
     # drained: the next read has no new iteration and says so at once
     t0 = time.monotonic()
@@ -165,8 +177,8 @@ def test_configured_format_is_used_as_is(module_servers):
     assert asyncio.run(_scrape(b)) is None
     # the JSON endpoint named explicitly, format by detection
     b = _backend(sim, metrics_url=sim.url + "/metrics")
-    got = asyncio.run(_scrape(b))
-    assert got is not None and got["running"] == 1.0 and b.scrape_state.seen_format == "trtllm_json"
+    got = asyncio.run(_scrape(b, within=6))
+    assert got is not None and got["running"] == 0.0 and b.scrape_state.seen_format == "trtllm_json"
 
 
 def test_iteration_statistics_body_has_the_serializers_keys(module_servers):

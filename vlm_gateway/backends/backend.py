@@ -72,6 +72,7 @@ class Backend:
                                              skip_auto_headers=("User-Agent",), raise_for_status=False)
 
     async def close(self) -> None:
+        self.scrape_state.cancel_pending()
         if self.session is not None:
             await self.session.close()
             self.session = None

@@ -17,16 +17,20 @@ decides by Content-Type, then by the body's shape):
   the executor's IterationStats, one per iteration since the previous call; the last
   one describes the engine)::
 
-      running        = numActiveRequests
+      running        = numActiveRequests - numCompletedRequests
       waiting        = numQueuedRequests
       kv_usage       = kvCacheStats.usedNumBlocks / kvCacheStats.maxNumBlocks
       prefix_hits    = kvCacheStats.reusedBlocks x tokensPerBlock
       prefix_queries = (reusedBlocks + missedBlocks) x tokensPerBlock   (block-granular)
 
-  An empty list means no iteration ran since the last call: no new figures. The
+  (the PyTorch executor counts the requests active when an iteration starts, so those
+  that completed in it are still in numActiveRequests; after the last iteration of a
+  burst the engine is idle). An empty list means no iteration ran since the last call:
+  no new figures. The
   endpoint answers only once the engine has been without an iteration for two
-  seconds, so it is read with its own, long timeout and says nothing while the
-  engine is busy (the router then counts the gateway's own in-flight requests).
+  seconds, so its read runs in the background with its own, long timeout and says
+  nothing while the engine is busy (the router then counts the gateway's own
+  in-flight requests); the scrape loop keeps its pace meanwhile.
 
 A backend may list several candidate endpoints (a trtllm backend without
 ``metrics_url``: ``/prometheus/metrics`` first, then ``/metrics``); the scraper uses
@@ -144,7 +148,7 @@ def iteration_figures(stats: Any) -> dict[str, float] | None:
     out: dict[str, float] = {}
     running, waiting = _num(last, "numActiveRequests"), _num(last, "numQueuedRequests")
     if running is not None:
-        out["running"] = running
+        out["running"] = max(0.0, running - (_num(last, "numCompletedRequests") or 0.0))
     if waiting is not None:
         out["waiting"] = waiting
     kv = last.get("kvCacheStats")
@@ -203,6 +207,11 @@ class ScrapeState:
     seen_format: str = ""  # format of the last body read from ``current``
     announced: bool = False
     next_probe: float = 0.0
+    pending: dict[int, asyncio.Future] = field(default_factory=dict)  # slow reads still running
+
+    def cancel_pending(self, keep: int | None = None) -> None:
+        for i in [i for i in self.pending if i != keep]:
+            self.pending.pop(i).cancel()
 
 
 def sources_for(engine: str, origin: str, metrics_url: str = "", metrics_format: str = "auto") -> list[Source]:
@@ -227,6 +236,10 @@ class _Hard(Exception):
     """The endpoint answered, but with an HTTP error or a body in no known format."""
 
 
+class _Pending(Exception):
+    """A slow read is still running; its answer is taken at a later scrape."""
+
+
 async def _read(b: "Backend", src: Source, timeout_s: float) -> dict[str, float]:
     """Figures from one source; {} when the source is valid but has nothing new.
     Raises _Hard, or asyncio.TimeoutError / aiohttp.ClientError / OSError."""
@@ -246,6 +259,23 @@ async def _read(b: "Backend", src: Source, timeout_s: float) -> dict[str, float]
     return figures
 
 
+async def _read_source(b: "Backend", i: int, src: Source, timeout_s: float) -> dict[str, float]:
+    """_read, except that a slow source's read runs on in the background: the scrape waits
+    ``timeout_s`` for it and otherwise raises _Pending, so the loop keeps its pace (and can
+    probe the other sources) while a busy trtllm-serve holds its /metrics answer."""
+    if not src.slow:
+        return await _read(b, src, timeout_s)
+    st = b.scrape_state
+    task = st.pending.get(i)
+    if task is None:
+        task = st.pending[i] = asyncio.ensure_future(_read(b, src, timeout_s))
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        raise _Pending
+    del st.pending[i]
+    return task.result()
+
+
 async def scrape(b: "Backend", timeout_s: float) -> dict[str, float] | None:
     """One scrape of ``b``'s load endpoint; None when it failed or brought no new figures."""
     st = b.scrape_state
@@ -258,7 +288,9 @@ async def scrape(b: "Backend", timeout_s: float) -> dict[str, float] | None:
     for i in order:
         src = st.sources[i]
         try:
-            figures = await _read(b, src, timeout_s)
+            figures = await _read_source(b, i, src, timeout_s)
+        except _Pending:
+            return None
         except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
             return None          # unreachable or busy: try again next time, same source
         except _Hard as e:
@@ -267,5 +299,6 @@ async def scrape(b: "Backend", timeout_s: float) -> dict[str, float] | None:
         if i != st.current or not st.announced:
             log.info("backend %s: engine load from %s (%s)", b.name, src.url, st.seen_format)
             st.current, st.announced = i, True
+            st.cancel_pending(keep=i)
         return figures or None
     return None
