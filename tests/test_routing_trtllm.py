@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -116,3 +117,34 @@ def test_configured_metrics_format_is_honoured(servers, fmt):
     path = "/prometheus/metrics" if fmt == "prometheus" else "/metrics"
     assert until(lambda: f"engine load from http://127.0.0.1:{sim.port}{path} ({fmt})" in gw.output(),
                  timeout=8), gw.output()[-2000:]
+
+
+@pytest.mark.parametrize("release", ["1.2", "1.3"])
+def test_first_contact_script_passes_against_the_simulator(servers, release, tmp_path):
+    """benchmarks/gpu/trtllm_first_contact.py, the checks a user runs against a real
+    trtllm-serve, run here against the simulator's TensorRT-LLM mode: the engine alone
+    first (nothing else may read its /metrics queue), then behind a gateway."""
+    import json
+    import subprocess
+    import sys
+    script = Path(__file__).resolve().parent.parent / "benchmarks/gpu/trtllm_first_contact.py"
+    sim = servers.sim(profile="fast", token_rate=200, engine="trtllm", extra_args=["--trtllm-release", release])
+
+    def run(*extra: str) -> dict:
+        out = tmp_path / f"report-{len(extra)}.json"
+        r = subprocess.run([sys.executable, str(script), "--engine", sim.url, "--model", SIM_MODEL,
+                            "--out", str(out), *extra], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        rows = {row["check"]: row for row in json.loads(out.read_text())}
+        assert all(row["status"] == "PASS" for row in rows.values()), r.stdout
+        return rows
+
+    rows = run()
+    assert "2 s for one more" in rows["iteration statistics"]["detail"]
+    source = "gateway reads /prometheus/metrics" if release == "1.3" else "gateway reads /metrics (JSON)"
+    assert source in rows["prometheus"]["detail"]
+    gw = servers.gateway({"routing": {"scrape_interval_s": 0.1},
+                          "backends": [{"url": sim.base_url, "name": "trt", "engine": "trtllm"}]})
+    rows = run("--gateway", gw.url, "--backend", "trt", "--gateway-only")
+    # the gateway's visual-token count matched the engine's prompt tokens
+    assert "fewer" in rows["token accounting"]["detail"] and rows["gateway backend"]["detail"] == "trt"

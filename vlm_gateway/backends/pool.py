@@ -108,7 +108,7 @@ class Pool:
             figures["inflight_at_scrape"] = float(b.inflight)
             b.engine_load = figures
             b.scraped_at = time.monotonic()
-            for k in ("running", "waiting", "kv_usage"):
+            for k in ("running", "waiting", "kv_usage", "prefix_hits", "prefix_queries"):
                 if k in figures:
                     metrics.ENGINE_METRIC.labels(b.name, k).set(figures[k])
         metrics.BACKEND_LOAD.labels(b.name).set(load(b))

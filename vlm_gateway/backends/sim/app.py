@@ -271,6 +271,11 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
             return _json(await engine.trtllm.log.read())
         return Response(engine.render_metrics(model_name), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def version(request: Request) -> Response:
+        if engine.trtllm is None:
+            return Response(b'{"detail":"Not Found"}', status_code=404, media_type="application/json")
+        return _json({"version": f"simulator (trtllm-serve {engine.trtllm.release} formats)"})
+
     async def prometheus_metrics(request: Request) -> Response:
         if engine.trtllm is None:
             return Response(b'{"detail":"Not Found"}', status_code=404, media_type="application/json")
@@ -341,6 +346,7 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/prometheus/metrics", prometheus_metrics, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
         Route("/prometheus/metrics/", prometheus_metrics, methods=["GET"]),
         Route("/sim/requests", sim_requests, methods=["GET"]),
         Route("/sim/prompts", sim_prompts, methods=["GET"]),
