@@ -134,7 +134,9 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
         ("Engine requests running", "short",
          [(ENGINE("running"), "{{backend}}")],
          "Requests each engine is computing, as the gateway last read them: vLLM num_requests_running, "
-         "TensorRT-LLM numActiveRequests (iteration statistics) or trtllm_num_requests_running."),
+         "TensorRT-LLM's last iteration (numActiveRequests less the ones it completed) or "
+         "trtllm_num_requests_running. A TensorRT-LLM /metrics read waits while the engine is busy: "
+         "the line then stops until it idles (docs/TRTLLM.md)."),
         ("Engine requests waiting", "short",
          [(ENGINE("waiting"), "{{backend}}")],
          "Requests queued inside each engine (vLLM num_requests_waiting, TensorRT-LLM numQueuedRequests)."),
