@@ -21,8 +21,8 @@ one, so a read returns only after the engine has been idle for ``WAIT_S``.
 
 ``GET /prometheus/metrics``:
 
-- release ``1.2`` (the stable line): MetricsCollector's five request series, without a
-  prefix and with the labels it hard-coded then (``model_name="undefined"``,
+- release ``1.2`` (the stable line): MetricsCollector's five request series
+  (``trtllm_`` names) with the labels it hard-coded then (``model_name="undefined"``,
   ``engine_type="undefined"``);
 - release ``1.3`` (pre-releases with PR #12545 and #12636): ``trtllm_`` names with the
   model's labels, token counters, and the iteration gauges. Those are set by the
@@ -179,7 +179,7 @@ class TrtllmSurface:
         labels sorted, counters named with ``_total``, a histogram's sum before its buckets."""
         eng = self.engine
         if self.release == "1.2":
-            prefix, base = "", {"engine_type": "undefined", "model_name": "undefined"}
+            prefix, base = "trtllm_", {"engine_type": "undefined", "model_name": "undefined"}
         else:
             prefix, base = "trtllm_", {"engine_type": "trtllm", "model_name": model}
         out: list[str] = []
