@@ -89,6 +89,10 @@ other is 768x576 c16 TTFT (x1.37): that cell answered faster than 768x448 c16
 with more pixels and tokens, which this model, whose costs grow with both,
 cannot follow.
 
+In TensorRT-LLM mode (``engine="trtllm"``) each step also records an IterationStats
+entry and completions feed trtllm-serve's Prometheus series (trtllm.py); the timing
+model is the same.
+
 ``time_scale`` multiplies every delay (0.1 = ten times faster than real time).
 Stages pace themselves on a running schedule, so a busy event loop's lag is
 caught up (up to 0.25 s) instead of accumulating. Latency metrics are in
