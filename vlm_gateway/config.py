@@ -64,8 +64,12 @@ class BackendConfig:
     engine: Literal["vllm", "trtllm", "sim", "openai"] = "openai"
     # GPU profile name from profiles.yaml (or config `profiles`).
     profile: str = ""
-    # Prometheus endpoint of the engine; default <origin>/metrics for vllm/trtllm/sim.
+    # Load endpoint of the engine; default <origin>/metrics for vllm/sim, and for trtllm
+    # <origin>/prometheus/metrics then <origin>/metrics (see metrics_format).
     metrics_url: str = ""
+    # Format of the load endpoint: prometheus (text), trtllm_json (trtllm-serve's /metrics
+    # iteration statistics) or auto (by Content-Type, then by the body's shape).
+    metrics_format: Literal["auto", "prometheus", "trtllm_json"] = "auto"
 
 
 @dataclass

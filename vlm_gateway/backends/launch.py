@@ -7,11 +7,27 @@ vLLM (``vllm serve``, flags of vLLM 0.24): ``--max-model-len``, ``--max-num-seqs
 ``--enable-prefix-caching``, ``--quantization``, ``--cpu-offload-gb``,
 ``--max-num-batched-tokens``, ``--dtype``.
 
-TensorRT-LLM (``trtllm-serve MODEL``, PyTorch backend): ``--max_batch_size``,
-``--max_num_tokens``, ``--max_seq_len``, ``--kv_cache_free_gpu_memory_fraction``
-and ``--extra_llm_api_options FILE`` (YAML; accepted as ``--config`` by newer
-releases) for what has no flag: ``dtype`` and ``kv_cache_config.enable_block_reuse``.
-trtllm-serve has no image-size flag: the gateway's rewrite is the only budget.
+TensorRT-LLM (``trtllm-serve MODEL``, PyTorch backend; options of release 1.2.1,
+tensorrt_llm/commands/serve.py): ``--backend pytorch``, ``--max_batch_size``,
+``--max_num_tokens``, ``--max_seq_len``, ``--kv_cache_free_gpu_memory_fraction`` (a
+fraction of the memory left after the weights, not of the whole GPU as vLLM's
+``--gpu-memory-utilization``) and ``--extra_llm_api_options FILE`` (alias ``--config``
+from the 1.2 line on) for LLM API arguments without a flag:
+
+    kv_cache_config.enable_block_reuse   prefix (KV block) reuse; multimodal prompts are
+                                         hashed with their images (Qwen3-VL: supported)
+    enable_iter_perf_stats: true         fills /metrics with iteration statistics (the
+                                         PyTorch backend's default is false)
+    return_perf_metrics: true            mounts /prometheus/metrics (load gauges from the
+                                         1.3 pre-releases on)
+    dtype                                when the profile sets one
+
+Qwen3-VL (Qwen3VLForConditionalGeneration) is in the PyTorch backend from the 1.2 line,
+with chunked prefill and KV cache reuse; it needs no remote code (transformers 4.57.3,
+pinned by 1.2.1, has it). The backend reads quantization from the checkpoint, so a
+profile's ``quantization`` is a note to pick a quantized checkpoint, not an option.
+trtllm-serve has no image-size option: the gateway's rewrite is the only budget.
+Sources and versions: docs/TRTLLM.md.
 """
 
 from __future__ import annotations
@@ -73,12 +89,14 @@ def vllm_command(model: str, profile: dict[str, Any], host: str = "0.0.0.0", por
 
 def trtllm_options(profile: dict[str, Any]) -> dict[str, Any]:
     """The ``--extra_llm_api_options`` YAML body (LLM API arguments without a flag)."""
-    opts: dict[str, Any] = {"kv_cache_config": {
-        "enable_block_reuse": bool(profile.get("enable_prefix_caching", True))}}
+    opts: dict[str, Any] = {
+        "kv_cache_config": {"enable_block_reuse": bool(profile.get("enable_prefix_caching", True))},
+        # the gateway's load figures: /metrics (JSON) and, in newer releases, /prometheus/metrics
+        "enable_iter_perf_stats": True,
+        "return_perf_metrics": True,
+    }
     if profile.get("dtype") and profile["dtype"] != "auto":
         opts["dtype"] = profile["dtype"]
-    if profile.get("quantization"):
-        opts["quant_config"] = {"quant_algo": profile["quantization"].upper()}
     return opts
 
 
@@ -93,7 +111,7 @@ def trtllm_command(model: str, profile: dict[str, Any], host: str = "0.0.0.0", p
     if p.get("max_model_len"):
         cmd += ["--max_seq_len", str(p["max_model_len"])]
     cmd += ["--kv_cache_free_gpu_memory_fraction", f"{float(p.get('gpu_memory_utilization') or 0.9):g}",
-            "--trust_remote_code", "--extra_llm_api_options", options_path]
+            "--extra_llm_api_options", options_path]
     cmd += list(p.get("engine_flags") or [])
     return cmd
 
@@ -130,6 +148,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if prof.get("quantization") and prof["quantization"].lower() not in args.model.lower():
         print(f"# note: profile {args.profile} expects a {prof['quantization']} checkpoint of the model",
               file=sys.stderr)
+    if prof.get("engine") == "trtllm" and prof.get("quantization"):
+        print("# note: trtllm-serve's PyTorch backend takes the quantization from the checkpoint "
+              "(e.g. a ModelOpt-quantized one); it is not passed as an option", file=sys.stderr)
     if args.dry_run:
         if opts:
             print(f"cat > {shlex.quote(opts_path)} <<'EOF'\n{opts}EOF")
