@@ -47,7 +47,9 @@ def grid_budget(settings: VideoSettings) -> FrameBudget:
     f = settings.grid_factor
 
     def budget(w: int, h: int, frame: Optional[np.ndarray] = None) -> tuple[int, int]:
-        tw, th = target_size(w, h, settings.max_long_side, f)
+        # min_pixels 0: the image rule's regrowth to 65536 px is the image processor's; the
+        # video processor's minimum covers the whole volume (4096 px) and never binds here
+        tw, th = target_size(w, h, settings.max_long_side, f, min_pixels=0)
         # within budget target_size keeps the source size; the engine would round it to the grid
         return max(f, round(tw / f) * f), max(f, round(th / f) * f)
 
