@@ -65,8 +65,9 @@ def test_vllm_launch_line_rtx4060ti():
     assert shlex.join(argv) == (
         "vllm serve Qwen/Qwen3-VL-2B-Instruct --host 0.0.0.0 --port 8001 --max-model-len 4096 "
         "--max-num-seqs 1 --max-num-batched-tokens 2048 --gpu-memory-utilization 0.92 --dtype float16 "
-        "--limit-mm-per-prompt '{\"image\":1,\"video\":0}' "
-        "--mm-processor-kwargs '{\"size\":{\"longest_edge\":262144,\"shortest_edge\":65536}}' "
+        "--limit-mm-per-prompt '{\"image\":1,\"video\":1}' "
+        "--mm-processor-kwargs '{\"images_kwargs\":{\"size\":{\"longest_edge\":262144,\"shortest_edge\":65536}},"
+        "\"videos_kwargs\":{\"size\":{\"longest_edge\":4194304,\"shortest_edge\":4096}}}' "
         "--enable-prefix-caching --quantization awq --cpu-offload-gb 4")
 
 
@@ -75,10 +76,20 @@ def test_vllm_launch_line_h200_and_qwen25_pixels():
     line = shlex.join(argv)
     assert line.startswith("vllm serve Qwen/Qwen3-VL-2B-Instruct --host 127.0.0.1 --port 8000 "
                            "--served-model-name qwen3vl --max-model-len 32768 --max-num-seqs 256 ")
-    assert "--limit-mm-per-prompt '{\"image\":8,\"video\":0}'" in line and "--enable-prefix-caching" in line
+    assert "--limit-mm-per-prompt '{\"image\":8,\"video\":2}'" in line and "--enable-prefix-caching" in line
+    # video on: the image cap is scoped to images, the video keeps the model's own budget
+    assert "--mm-processor-kwargs '{\"images_kwargs\":{\"size\":{\"longest_edge\":1638400," in line
+    assert "videos_kwargs" not in line
     assert "--quantization" not in line and "--cpu-offload-gb" not in line
     argv, _ = command_for(get_profile("rtx3090"), "Qwen/Qwen2.5-VL-3B-Instruct", "0.0.0.0", 8000)
-    assert "--mm-processor-kwargs '{\"min_pixels\":3136,\"max_pixels\":589824}'" in shlex.join(argv)
+    assert ("--mm-processor-kwargs '{\"images_kwargs\":{\"min_pixels\":3136,\"max_pixels\":589824},"
+            "\"videos_kwargs\":{\"min_pixels\":3136,\"max_pixels\":8388608}}'") in shlex.join(argv)
+    # without video the flat form stays (nothing else reads it)
+    no_video = dict(get_profile("rtx3090"), max_videos_per_prompt=0)
+    argv, _ = command_for(no_video, "Qwen/Qwen2.5-VL-3B-Instruct", "0.0.0.0", 8000)
+    line = shlex.join(argv)
+    assert "--mm-processor-kwargs '{\"min_pixels\":3136,\"max_pixels\":589824}'" in line
+    assert "\"video\":0" in line
 
 
 def test_trtllm_launch_line_rtx4090d():

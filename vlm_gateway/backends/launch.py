@@ -7,6 +7,11 @@ vLLM (``vllm serve``, flags of vLLM 0.24): ``--max-model-len``, ``--max-num-seqs
 ``--enable-prefix-caching``, ``--quantization``, ``--cpu-offload-gb``,
 ``--max-num-batched-tokens``, ``--dtype``.
 
+Video (``max_videos_per_prompt`` > 0): the processor kwargs go per modality
+(``images_kwargs`` / ``videos_kwargs``, transformers' ``ProcessorMixin._merge_kwargs``):
+a flat ``size`` would reach Qwen3-VL's video processor too, where ``longest_edge`` is the
+budget of *all* frames together, and shrink every video to a few hundred tokens.
+
 TensorRT-LLM (``trtllm-serve MODEL``, PyTorch backend; options of release 1.2.1,
 tensorrt_llm/commands/serve.py): ``--backend pytorch``, ``--max_batch_size``,
 ``--max_num_tokens``, ``--max_seq_len``, ``--kv_cache_free_gpu_memory_fraction`` (a
@@ -42,6 +47,8 @@ from typing import Any
 
 from ..vision_tokens import QWEN3_MIN_PIXELS
 
+QWEN3_VIDEO_MIN_PIXELS = 4096   # Qwen3-VL's video_preprocessor_config.json size.shortest_edge
+
 
 def _compact(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), sort_keys=False)
@@ -49,13 +56,23 @@ def _compact(obj: Any) -> str:
 
 def mm_processor_kwargs(model: str, profile: dict[str, Any]) -> dict[str, Any] | None:
     px = int(profile.get("image_max_pixels") or 0)
-    if not px:
-        return None
-    low = model.lower()
-    if "qwen2" in low:  # Qwen2-VL / Qwen2.5-VL image processors read these two keys
-        return {"min_pixels": min(3136, px), "max_pixels": px}
-    # Qwen3-VL's processor reads size.{shortest,longest}_edge, both in pixels
-    return {"size": {"longest_edge": px, "shortest_edge": min(QWEN3_MIN_PIXELS, px)}}
+    vpx = int(profile.get("video_max_pixels") or 0)
+    video = int(profile.get("max_videos_per_prompt", 1) or 0) > 0
+    qwen2 = "qwen2" in model.lower()
+    image = None
+    if px:
+        # Qwen2-VL / Qwen2.5-VL image processors read min/max_pixels; Qwen3-VL size.{shortest,longest}_edge
+        image = ({"min_pixels": min(3136, px), "max_pixels": px} if qwen2 else
+                 {"size": {"longest_edge": px, "shortest_edge": min(QWEN3_MIN_PIXELS, px)}})
+    if not video:
+        return image
+    out: dict[str, Any] = {}
+    if image:
+        out["images_kwargs"] = image
+    if vpx:
+        out["videos_kwargs"] = ({"min_pixels": min(3136, vpx), "max_pixels": vpx} if qwen2 else
+                                {"size": {"longest_edge": vpx, "shortest_edge": min(QWEN3_VIDEO_MIN_PIXELS, vpx)}})
+    return out or None
 
 
 def vllm_command(model: str, profile: dict[str, Any], host: str = "0.0.0.0", port: int = 8000,
@@ -74,7 +91,8 @@ def vllm_command(model: str, profile: dict[str, Any], host: str = "0.0.0.0", por
     if p.get("dtype") and p["dtype"] != "auto":
         cmd += ["--dtype", p["dtype"]]
     if p.get("max_images_per_prompt"):
-        cmd += ["--limit-mm-per-prompt", _compact({"image": int(p["max_images_per_prompt"]), "video": 0})]
+        videos = int(p.get("max_videos_per_prompt", 1) or 0)
+        cmd += ["--limit-mm-per-prompt", _compact({"image": int(p["max_images_per_prompt"]), "video": videos})]
     kw = mm_processor_kwargs(model, p)
     if kw:
         cmd += ["--mm-processor-kwargs", _compact(kw)]

@@ -392,12 +392,11 @@ class SimEngine:
         cost = p.cpu_base_s
         job.needs_transfer = False
         for img in job.spec.images:
-            mpx = img.pixels / 1e6
-            cost += p.cpu_decode_s_per_mpx * mpx
+            cost += p.cpu_decode_s_per_mpx * img.decode_mpx      # a video: every frame the loader grabs
             if img.digest in self.mm_cache:
                 self.mm_cache.move_to_end(img.digest)
             else:
-                cost += p.cpu_preproc_s_per_mpx * mpx
+                cost += p.cpu_preproc_s_per_mpx * img.preproc_mpx   # a video: its sampled frames
                 job.transfer_ktok += img.tokens / 1000.0
                 job.needs_transfer = p.ipc_s_per_ktok > 0
                 self.mm_cache[img.digest] = img.tokens
@@ -419,7 +418,8 @@ class SimEngine:
             if img.start < hi and img.start + img.tokens > lo:
                 job.encoded.add(i)
                 kt = img.tokens / 1000.0
-                cost += p.vit_base_s + p.vit_s_per_ktok * kt + p.vit_quad_s_per_ktok2 * kt * kt
+                kg = kt / img.groups      # a video's frame pairs attend within themselves
+                cost += p.vit_base_s + p.vit_s_per_ktok * kt + p.vit_quad_s_per_ktok2 * kg * kt
         return cost
 
     def _schedule(self) -> tuple[list[Job], list[tuple[Job, int]], float]:
