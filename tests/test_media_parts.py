@@ -18,11 +18,13 @@ from conftest import SIM_MODEL
 from media_server import Origin
 from test_security_support import sha
 from vlm_gateway.middleware.images import corpus as C
+from vlm_gateway.middleware.video import corpus as video_corpus
 
 BIG = C.photo_jpeg(1920, 1080)
 # an MP4-looking body (ftyp box) and a WAV-looking one (RIFF/WAVE): the gateway does
 # not decode video or audio, it inlines the bytes
-CLIP = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom" + os.urandom(60_000)
+# a real (tiny) H.264 clip: the simulator decodes what it receives, as vLLM does
+CLIP = video_corpus.motion_clip(2, 320, 240, 15)  # ~60 KB
 SOUND = b"RIFF\x24\x00\x01\x00WAVEfmt " + os.urandom(30_000)
 KEY = "sk-media-" + os.urandom(8).hex()
 
