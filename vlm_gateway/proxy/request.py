@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 import orjson
 
@@ -50,6 +50,20 @@ class ImagePart:
 Hook = Callable[..., Awaitable[None]]
 
 
+class StreamTransform(Protocol):
+    def feed(self, data: bytes) -> bytes: ...  # relayed SSE bytes in, bytes to send out
+    def close(self) -> bytes: ...  # at the end of the upstream body: what is still held
+
+
+class ResponseTransform(Protocol):
+    """A per-request rewrite of the answer that the relay applies before the client
+    (and the response cache) sees it: a complete completion is changed in place
+    (True if it changed); a stream's bytes go through ``stream()``."""
+
+    def completion(self, completion: dict[str, Any]) -> bool: ...
+    def stream(self) -> StreamTransform: ...
+
+
 @dataclass(slots=True)
 class ChatRequest:
     body: dict[str, Any]
@@ -76,6 +90,10 @@ class ChatRequest:
     state: dict[str, Any] = field(default_factory=dict)
     # Gateway-side CPU/wait time spent outside the upstream call (seconds).
     upstream_s: float = 0.0
+    # The coordinate plan of a request with images (middleware.grounding.plan.GroundingPlan).
+    grounding: Any = None
+    # Set by a stage to rewrite the answer text; None keeps the plain byte relay.
+    response_transform: ResponseTransform | None = None
 
     @property
     def include_usage(self) -> bool:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ... import metrics
 from ...proxy.errors import BadRequest, GatewayError
+from ..grounding import plan as grounding
 from .decode import MIME, ImageError, probe
 from .encode import data_uri
 from .fetch import Fetcher, FetchError, FetchPolicy
@@ -140,6 +141,7 @@ class ImageRewriter:
             detail = iu.get("detail") if isinstance(iu, dict) else None
             policies.append(resolve(self.cfg, req.model, policy_header, detail))
         sources = await _gather([self.source(p) for p in req.images])
+        policies = grounding.gate_trim(self.cfg, req, sources, policies)  # no crop unless answers map back
         for part, src, pol in zip(req.images, sources, policies):
             part.content_hash = src.hash
             part.source_bytes = src.size
@@ -186,6 +188,7 @@ class ImageRewriter:
             before += part.tokens_before
             after += part.tokens_after
         req.response_headers[TOKENS_HEADER] = f"before={before};after={after}"
+        grounding.record(req, [r for _, r in chosen], plan["sources"])
 
     def _count(self, req: "ChatRequest", results: list[Rewritten], outcomes: list[str]) -> None:
         before = sum(p.tokens_before for p in req.images)
