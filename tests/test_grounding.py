@@ -56,10 +56,10 @@ def test_configured_convention_and_processor_bounds():
 def test_transform_header_round_trip():
     v = WINDOW.header("messages[0].content[1]", Q25)
     assert v == ("part=messages[0].content[1]; client=1920x1080; crop=260,140,1660,940; sent=768x448; "
-                 "scale=1.822917,1.785714; model=756x448")
+                 "scale=1.822917,1.785714; model=756x448; answer=1932x1092")
     t = parse_header(v)
     assert t["client"] == (1920, 1080) and t["crop"] == (260, 140, 1660, 940) and t["sent"] == (768, 448)
-    assert t["model"] == (756, 448) and abs(t["scale"][0] - 1400 / 768) < 1e-6
+    assert t["model"] == (756, 448) and t["answer"] == (1932, 1092) and abs(t["scale"][0] - 1400 / 768) < 1e-6
     assert "model=" not in WINDOW.header("p", Q3)
     assert parse_header("part=messages[0].content[0]; unknown")["unknown"]
 
@@ -69,15 +69,21 @@ def test_maps_relative_and_absolute():
     # the crop's (0, 0) and (1000, 1000) are the window's corners, relative to the screenshot
     assert m.back(0, 0) == pytest.approx((260 / 1920 * 1000, 140 / 1080 * 1000))
     assert m.back(1000, 1000) == pytest.approx((1660 / 1920 * 1000, 940 / 1080 * 1000))
-    a = image_map(WINDOW, Q25)  # pixels of the processor's 756x448 frame -> pixels of the screenshot
-    assert a.back(0, 0) == (260, 140) and a.back(756, 448) == pytest.approx((1660, 940))
+    # pixels of the processor's 756x448 frame of the crop -> pixels of its 1932x1092 frame of the
+    # screenshot (what the model would have answered for the screenshot itself)
+    a = image_map(WINDOW, Q25)
+    kx, ky = 1932 / 1920, 1092 / 1080
+    assert a.back(0, 0) == pytest.approx((260 * kx, 140 * ky))
+    assert a.back(756, 448) == pytest.approx((1660 * kx, 940 * ky))
     for mp in (m, a):
         assert mp.forward(*mp.back(123, 321)) == pytest.approx((123, 321))
     # a point of the client's frame outside the crop clamps to the model's frame
-    assert a.forward(0, 0) == (0, 0) and a.forward(1920, 1080) == pytest.approx((756, 448))
-    # relative coordinates of an uncropped, downscaled image need no map; absolute ones do
+    assert a.forward(0, 0) == (0, 0) and a.forward(1932, 1092) == pytest.approx((756, 448))
+    # relative coordinates of an uncropped, downscaled image need no map; absolute ones do; an
+    # image sent as it is needs none in either
     full = Frame(1920, 1080, 0, 0, 1920, 1080, 768, 448)
     assert image_map(full, Q3).identity and not image_map(full, Q25).identity
+    assert image_map(Frame.identity(1000, 700), Q25).identity
     assert image_map(None, Q3).identity and image_map(None, Q25) is None
     assert image_map(WINDOW, BUILTIN["none"]) is None
 
@@ -117,10 +123,10 @@ def test_every_format_is_mapped_and_the_rest_kept_byte_for_byte():
     assert out.endswith(tail) and out.startswith("Found them:\n```json\n[\n  {\"bbox_2d\": [")
 
 
-def test_absolute_convention_maps_to_client_pixels():
+def test_absolute_convention_maps_to_the_frame_of_the_clients_image():
     a = image_map(WINDOW, Q25)
     out = Mapper(Attribution(a, [a])).text('{"bbox_2d": [0, 0, 756, 448]}')
-    assert out == '{"bbox_2d": [260, 140, 1660, 940]}'
+    assert out == '{"bbox_2d": [262, 142, 1670, 950]}'  # the window in the 1932x1092 frame
     assert Mapper(Attribution(a, [a]), forward).text(out) == '{"bbox_2d": [0, 0, 756, 448]}'
 
 

@@ -72,7 +72,10 @@ def errors(answer: str, scenes: list[int], convention: str) -> list[float]:
     for n, label, kind, v in groups:
         w, h, _, _, targets = SCENES[scenes[n - 1]]
         x0, y0, x1, y1 = targets[label]
-        kx, ky = (w / 1000, h / 1000) if convention != "qwen2.5-vl" else (1.0, 1.0)
+        # the convention applied to the client's image: 0-1000 of it, or pixels of the processor's
+        # smart_resize of it (as Qwen2.5-VL's cookbook maps them back)
+        ux, uy = model_frame(w, h, convention)
+        kx, ky = 1 / ux, 1 / uy
         truth = [x0, y0, x1, y1] if kind == "bbox_2d" else [(x0 + x1) / 2, (y0 + y1) / 2]
         for i, (got, want) in enumerate(zip(v, truth)):
             side, k = (w, kx) if i % 2 == 0 else (h, ky)
@@ -152,10 +155,10 @@ def test_mapping_off_by_request_header(env, convention):
     if convention == "qwen3-vl":
         assert max(errors(text, [0], convention)) <= TOL
         return
-    assert t["model"] == (756, 448)  # smart_resize(448, 768) with factor 28
-    assert max(errors(text, [0], convention)) > 0.3  # pixels of a 756 px frame read on a 1920 px image
-    sx = (t["crop"][2] - t["crop"][0]) / t["model"][0]
-    sy = (t["crop"][3] - t["crop"][1]) / t["model"][1]
+    assert t["model"] == (756, 448) and t["answer"] == (1932, 1092)  # smart_resize, factor 28
+    assert max(errors(text, [0], convention)) > 0.3  # pixels of a 756 px frame read as a 1932 px one
+    sx = (t["crop"][2] - t["crop"][0]) / t["model"][0] * t["answer"][0] / t["client"][0]
+    sy = (t["crop"][3] - t["crop"][1]) / t["model"][1] * t["answer"][1] / t["client"][1]
     mapped = re.sub(r"(?<=bbox_2d\": )\[([^\]]*)\]", lambda m: "[" + ", ".join(
         str(round(int(v) * (sx if i % 2 == 0 else sy))) for i, v in enumerate(m.group(1).split(","))) + "]", text)
     assert max(errors(mapped, [0], convention)) <= TOL

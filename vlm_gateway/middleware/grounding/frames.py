@@ -7,12 +7,14 @@ the sent image is ``(left + u * sx, top + v * sy)`` of the client's image with
 ``sx = (right - left) / sent_w`` and ``sy = (bottom - top) / sent_h`` (continuous pixel
 coordinates: 0 is the left edge of the first pixel).
 
-``ImageMap`` maps a model coordinate to the client's frame in the *same convention*
-(per axis ``out = a + b * value``):
+``ImageMap`` maps a model coordinate to what the model would have answered had it
+received the client's image itself: the *same convention* applied to the client's image
+(per axis ``out = a + b * value``), so client code written for the model works unchanged:
 
 * relative (0-R of the received image): ``out = (left + value / R * (right - left)) / client_w * R``;
 * absolute (pixels of the processor's ``smart_resize`` of the received image, ``P_w x P_h``):
-  ``out = left + value * (right - left) / P_w`` -- pixels of the client's image.
+  ``out = (left + value * (right - left) / P_w) * C_w / client_w`` where ``C_w x C_h`` is the
+  processor's ``smart_resize`` of the client's image (what the model would have seen).
 
 ``forward`` is the inverse (client frame -> the model's frame), clamped to the model's frame.
 """
@@ -62,6 +64,12 @@ class Frame:
         h, w = smart_resize(self.sent_h, self.sent_w, conv.factor, conv.min_pixels, conv.max_pixels)
         return w, h
 
+    def answer_size(self, conv: Convention) -> tuple[int, int]:
+        """(width, height) of the frame mapped absolute coordinates refer to: the processor's
+        resize of the client's image."""
+        h, w = smart_resize(self.client_h, self.client_w, conv.factor, conv.min_pixels, conv.max_pixels)
+        return w, h
+
     def header(self, part: str, conv: Convention) -> str:
         sx, sy = self.scale
         v = (f"part={part}; client={self.client_w}x{self.client_h}; crop={_num(self.left)},{_num(self.top)},"
@@ -69,8 +77,8 @@ class Frame:
              f"scale={_num(sx, 6)},{_num(sy, 6)}")
         if conv.known and not conv.relative:
             try:
-                mw, mh = self.model_size(conv)
-                v += f"; model={mw}x{mh}"
+                (mw, mh), (aw, ah) = self.model_size(conv), self.answer_size(conv)
+                v += f"; model={mw}x{mh}; answer={aw}x{ah}"
             except ValueError:
                 pass
         return v
@@ -82,9 +90,9 @@ class Frame:
 
 def parse_header(value: str) -> dict:
     """A transform header as numbers: {part, client: (w, h), crop: (l, t, r, b), sent: (w, h),
-    scale: (sx, sy), model: (w, h) | None}. ``{"unknown": True, ...}`` when the gateway did not
-    see the image."""
-    out: dict = {"model": None}
+    scale: (sx, sy), model: (w, h) | None, answer: (w, h) | None}. ``{"unknown": True, ...}``
+    when the gateway did not see the image."""
+    out: dict = {"model": None, "answer": None}
     for item in value.split(";"):
         k, _, v = item.strip().partition("=")
         if not v:
@@ -93,7 +101,7 @@ def parse_header(value: str) -> dict:
             continue
         if k == "part":
             out[k] = v
-        elif k in ("client", "sent", "model"):
+        elif k in ("client", "sent", "model", "answer"):
             w, h = v.split("x")
             out[k] = (int(w), int(h))
         elif k in ("crop", "scale"):
@@ -149,8 +157,9 @@ def image_map(frame: Frame | None, conv: Convention) -> ImageMap | None:
     if frame is None:
         return None
     try:
-        mw, mh = frame.model_size(conv)
+        (mw, mh), (aw, ah) = frame.model_size(conv), frame.answer_size(conv)
     except ValueError:
         return None
-    return ImageMap(frame.left, (frame.right - frame.left) / mw, frame.top, (frame.bottom - frame.top) / mh,
-                    float(mw), float(mh))
+    kx, ky = aw / frame.client_w, ah / frame.client_h
+    return ImageMap(frame.left * kx, (frame.right - frame.left) / mw * kx, frame.top * ky,
+                    (frame.bottom - frame.top) / mh * ky, float(mw), float(mh))
