@@ -21,27 +21,44 @@ class TextMapper(Protocol):
     def feed(self, delta: str) -> str: ...
     def flush(self) -> str: ...
 
+    # True while feeding text without '"', "'" or '<' returns it unchanged and changes nothing
+    @property
+    def idle(self) -> bool: ...
+
+
+
 
 class StreamTransform:
     """One relayed stream: bytes in, bytes out (``feed``), then ``close``."""
 
-    __slots__ = ("make", "on_done", "buf", "mappers", "base")
+    __slots__ = ("make", "on_done", "buf", "mappers", "base", "idle_new")
 
     def __init__(self, make: Callable[[], TextMapper], on_done: Callable[[], None] | None = None) -> None:
         self.make = make
         self.on_done = on_done
         self.buf = b""
         self.mappers: dict[int, TextMapper] = {}
-        self.base: dict[str, Any] | None = None  # id/created/model of the last chunk
+        self.base: dict[str, Any] | None = None  # the last chunk (its id/created/model)
+        self.idle_new = make().idle
 
     def feed(self, data: bytes) -> bytes:
+        # Fast path: nothing held and no content that could start a group (in JSON such content
+        # shows none of these bytes: a quote inside a string is escaped, other escapes of '<' or
+        # of quotes start with a backslash-u): whole events pass as they are, unparsed.
+        if not self.buf and not (b'\\"' in data or b"'" in data or b"<" in data or b"\\u" in data
+                                 or b"\r" in data) and self.idle_new and all(m.idle for m in self.mappers.values()):
+            if data.endswith(b"\n\n"):
+                return data
+            cut = data.rfind(b"\n\n") + 2
+            self.buf = data[cut:] if cut > 1 else data
+            return data[:cut] if cut > 1 else b""
         buf = self.buf + data if self.buf else data
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
         *events, self.buf = buf.split(b"\n\n")
-        if not events:
-            return b""
-        return b"".join(self._event(ev) for ev in events)
+        if len(events) == 1:
+            return self._event(events[0])
+        return b"".join([self._event(ev) for ev in events])
 
     def close(self) -> bytes:
         """End of the upstream body: a trailing event without its blank line, and held text."""
@@ -57,9 +74,10 @@ class StreamTransform:
         for idx, m in self.mappers.items():
             rest = m.flush()
             if rest:
-                base = self.base or {"id": "", "created": 0, "model": ""}
+                base = self.base or {}
                 out.append(b"data: " + orjson.dumps({
-                    **base, "object": "chat.completion.chunk",
+                    "id": base.get("id", ""), "created": base.get("created", 0), "model": base.get("model", ""),
+                    "object": "chat.completion.chunk",
                     "choices": [{"index": idx, "delta": {"content": rest}, "logprobs": None,
                                  "finish_reason": None}]}) + b"\n\n")
         return b"".join(out)
@@ -67,6 +85,9 @@ class StreamTransform:
     def _event(self, ev: bytes) -> bytes:
         if b"data:" not in ev:
             return ev + b"\n\n"
+        if not (b'\\"' in ev or b"'" in ev or b"<" in ev or b"\\u" in ev) and \
+                self.idle_new and all(m.idle for m in self.mappers.values()):
+            return ev + b"\n\n"  # the same test as feed's, per event
         lines = ev.split(b"\n")
         changed = False
         prefix = b""
@@ -90,7 +111,7 @@ class StreamTransform:
         return prefix + body + b"\n\n"
 
     def _chunk(self, obj: dict) -> bool:
-        self.base = {"id": obj.get("id", ""), "created": obj.get("created", 0), "model": obj.get("model", "")}
+        self.base = obj
         changed = False
         for c in obj["choices"]:
             if not isinstance(c, dict):

@@ -175,6 +175,10 @@ class Mapper:
         out.append(s[pos:])
         return "".join(out)
 
+    @property
+    def idle(self) -> bool:
+        return not self.pending and self.attr.common is not None
+
     # -- whole text ------------------------------------------------------------------------
     def text(self, s: str) -> str:
         if not any(t in s for t in _TRIGGERS) and self.attr.common is not None:
