@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import base64
 import datetime as dt
-import io
 import os
 import platform
 import random
@@ -51,7 +50,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vlm_gateway.backends.sim.grounding import MARKERS, answer_for, desktop, model_frame, pieces  # noqa: E402
+from vlm_gateway.backends.sim.grounding import MARKERS, answer_for, desktop, model_frame  # noqa: E402
 from vlm_gateway.middleware.images.policy import Policy  # noqa: E402
 from vlm_gateway.middleware.images.rewrite import rewrite_bytes  # noqa: E402
 
@@ -236,7 +235,7 @@ def accuracy(args) -> None:
                     rows.setdefault((conv, col), []).extend(errors(text, w, h, targets, conv))
     finally:
         procs.stop()
-    print(f"| convention | behaviour | coordinates | median error | p90 | max | within 1% |")
+    print("| convention | behaviour | coordinates | median error | p90 | max | within 1% |")
     print("|---|---|---|---|---|---|---|")
     for (conv, col), errs in rows.items():
         s = summary(errs)
@@ -257,6 +256,11 @@ def _sse(content: list[str]) -> bytes:
     evs.append(b"data: " + orjson.dumps({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
                                                               "finish_reason": "stop"}]}) + b"\n\n")
     return b"".join(evs) + b"data: [DONE]\n\n"
+
+
+def _screenshot() -> bytes:
+    return desktop(1920, 1080, (260, 140, 1660, 940), {"magenta": (400, 220, 520, 280),
+                                                       "cyan": (1400, 800, 1600, 900), "yellow": (300, 600, 340, 640)})
 
 
 def _answers(png: bytes) -> dict[str, list[str]]:
@@ -307,8 +311,7 @@ def overhead(args) -> None:
     from vlm_gateway.middleware.grounding.response import StreamTransform
     from vlm_gateway.middleware.grounding.text import Attribution, Mapper
 
-    png = desktop(1920, 1080, (260, 140, 1660, 940), {"magenta": (400, 220, 520, 280), "cyan": (1400, 800, 1600, 900),
-                                                       "yellow": (300, 600, 340, 640)})
+    png = _screenshot()
     answers = _answers(png)
     bodies = {k: _sse(v) for k, v in answers.items()}
 
@@ -368,7 +371,8 @@ def overhead(args) -> None:
     finally:
         procs.stop()
         os.killpg(upstream.pid, signal.SIGTERM)
-    print("\n| answer | mapping | gateway CPU per request (median of rounds) | latency p50 | p99 |\n|---|---|---|---|---|")
+    print("\n| answer | mapping | gateway CPU per request (median of rounds) | latency p50 | p99 |")
+    print("|---|---|---|---|---|")
     for c in cells:
         lat = sorted(wall[c])
         print(f"| {c[0]} ({len(answers[c[0]])} chunks) | {'on' if c[1] else 'off'} | "
@@ -381,9 +385,7 @@ def overhead(args) -> None:
 
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "_upstream":
-        png = desktop(1920, 1080, (260, 140, 1660, 940), {"magenta": (400, 220, 520, 280),
-                                                           "cyan": (1400, 800, 1600, 900), "yellow": (300, 600, 340, 640)})
-        asyncio.run(_serve(int(sys.argv[2]), {k: _sse(v) for k, v in _answers(png).items()}))
+        asyncio.run(_serve(int(sys.argv[2]), {k: _sse(v) for k, v in _answers(_screenshot()).items()}))
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)

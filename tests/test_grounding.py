@@ -352,3 +352,41 @@ def test_config_keys_validated_and_cli_exits_2(tmp_path):
                        text=True, timeout=30, env=dict(os.environ))
     assert r.returncode == 2 and "images.models.m.map_coordinates" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_sse_fast_path_passes_reads_without_a_possible_group_unparsed():
+    prose = [chunk(w) for w in ("The ", "window ", "shows ", "a ", "toolbar")]
+    group = [chunk(p) for p in ('Save is at ', '{"point_2d": [500, ', "500]}")]
+    upstream = b"".join(prose + group) + chunk(None, "stop") + b"data: [DONE]\n\n"
+    want = "The window shows a toolbar" + 'Save is at {"point_2d": [%d, %d]}' % mapped(500, 500)
+    for size in (1, 3, 17, 50, 200):
+        tf = StreamTransform(make_mapper)
+        out = b"".join(tf.feed(upstream[i:i + size]) for i in range(0, len(upstream), size)) + tf.close()
+        assert sse_text(out) == {0: want}, size
+    tf = StreamTransform(make_mapper)
+    assert tf.feed(prose[0] + prose[1][:20]) == prose[0]  # whole events out, the partial one kept
+    assert tf.feed(prose[1][20:]) == prose[1]
+
+
+def test_history_maps_into_the_sent_frame_by_marker_and_is_restored_on_retry():
+    from vlm_gateway.middleware.grounding.stage import history
+    a, b = image_map(WINDOW, Q25), image_map(Frame(1000, 800, 0, 0, 1000, 800, 768, 616), Q25)
+    parts = [{"type": "image_url", "image_url": {"url": "data:x"}} for _ in range(2)]
+    said = 'Image 2: {"point_2d": [500, 400]} Image 1: {"point_2d": [1000, 600]}'
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "find"}, *parts]},
+                         {"role": "assistant", "content": said},
+                         {"role": "user", "content": [{"type": "text", "text": "and now?"}]}]}
+    req = ChatRequest(body=body, route="chat", model="qwen2.5-vl", stream=False, headers={}, request_id="t",
+                      images=[ImagePart(0, 1, parts[0]), ImagePart(0, 2, parts[1])])
+    plan = P.GroundingPlan(Q25, mapping=True, maps=[a, b])
+    req.grounding = plan
+    history(req, plan)
+    fb, fa = b.forward(500, 400), a.forward(1000, 600)
+    want = 'Image 2: {"point_2d": [%d, %d]} Image 1: {"point_2d": [%d, %d]}' % (
+        int(fb[0] + .5), int(fb[1] + .5), int(fa[0] + .5), int(fa[1] + .5))
+    assert body["messages"][1]["content"] == want and plan.history.mapped == 2
+    history(req, plan)  # a retry starts again from the client's text
+    assert body["messages"][1]["content"] == want and plan.originals == [(1, -1, said)]
+    plan.mapping = False
+    history(req, plan)
+    assert body["messages"][1]["content"] == said

@@ -128,6 +128,8 @@ def test_one_screenshot_trimmed_and_downscaled(env, convention, stream, prompt):
     assert size(sent_images(sims[convention])[0]) == (768, 448)
     errs = errors(text, [0], convention)
     assert max(errs) <= TOL, (text, max(errs))
+    metrics = httpx.get(gw.url + "/metrics", timeout=5).text
+    assert f'vlm_gateway_coordinates_total{{convention="{convention}",outcome="mapped"}}' in metrics
 
 
 def test_unmapped_answer_would_miss(env):

@@ -384,8 +384,8 @@ def _validate_model_coordinates(images: ImagesConfig) -> None:
                 continue
             v = ov[k]
             if not isinstance(v, tp) or (tp is int and isinstance(v, bool)) or (tp is int and v < 0):
-                raise ConfigError(f"images.models.{model}.{k}: expected {'a non-negative int' if tp is int else tp.__name__}"
-                                  f", got {v!r}")
+                want = "a non-negative int" if tp is int else tp.__name__
+                raise ConfigError(f"images.models.{model}.{k}: expected {want}, got {v!r}")
             if k == "coordinates" and v not in names:
                 raise ConfigError(f"images.models.{model}.coordinates: expected one of {', '.join(names)}, got {v!r}")
 
