@@ -390,3 +390,11 @@ def test_history_maps_into_the_sent_frame_by_marker_and_is_restored_on_retry():
     plan.mapping = False
     history(req, plan)
     assert body["messages"][1]["content"] == said
+
+
+def test_state_of_absolute_coordinates_for_images_never_seen():
+    plan = P.GroundingPlan(Q25, mapping=True, frames=[None], maps=[image_map(None, Q25)])
+    assert plan.state == "convention=qwen2.5-vl; mapping=off; reason=unknown-image-size"
+    assert not plan.needs_transform and plan.key() == "sent:url"
+    plan = P.GroundingPlan(Q3, mapping=True, frames=[None], maps=[image_map(None, Q3)])
+    assert plan.state == "convention=qwen3-vl; mapping=on" and plan.key() == "client"

@@ -12,7 +12,7 @@ What the client is told (response headers):
 * ``x-vlm-gateway-grounding: convention=qwen3-vl; mapping=on`` -- ``on`` (every
   coordinate is in the client's frame), ``by-image-marker`` (the images differ: a
   coordinate is mapped when the answer names its image, ``Image N``) or ``off; reason=
-  request|tenant|config|unknown-convention``;
+  request|tenant|config|unknown-convention|unknown-image-size``;
 * ``x-vlm-gateway-image-transform-N`` for the N-th image (1-based, request order): see
   ``frames.Frame.header``.
 
@@ -64,6 +64,8 @@ class GroundingPlan:
     def state(self) -> str:
         if not self.mapping:
             return f"convention={self.convention.name}; mapping=off; reason={self.reason}"
+        if self.maps and all(m is None for m in self.maps):  # absolute pixels of images never seen
+            return f"convention={self.convention.name}; mapping=off; reason=unknown-image-size"
         return f"convention={self.convention.name}; mapping={'on' if self.common else 'by-image-marker'}"
 
     @property
