@@ -1,5 +1,10 @@
 """The simulator's HTTP surface: an OpenAI-compatible server shaped like vLLM's.
 
+Load endpoints: in vLLM mode ``GET /metrics`` is vLLM's Prometheus text; in
+TensorRT-LLM mode (``--engine trtllm``) ``GET /metrics`` is trtllm-serve's JSON
+iteration statistics and ``GET /prometheus/metrics`` its Prometheus series, per
+release line (trtllm.py).
+
 It is a test instrument: its text is filler (or, in echo mode, the last user
 text followed by filler), never a model's answer; in grounding mode a request
 with images is answered like a perfect locator of the colour markers in the
@@ -274,7 +279,20 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
         return Response(b"", status_code=200)
 
     async def metrics(request: Request) -> Response:
+        if engine.trtllm is not None:   # trtllm-serve: FastAPI JSONResponse of the drained stats queue
+            return _json(await engine.trtllm.log.read())
         return Response(engine.render_metrics(model_name), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def version(request: Request) -> Response:
+        if engine.trtllm is None:
+            return Response(b'{"detail":"Not Found"}', status_code=404, media_type="application/json")
+        return _json({"version": f"simulator (trtllm-serve {engine.trtllm.release} formats)"})
+
+    async def prometheus_metrics(request: Request) -> Response:
+        if engine.trtllm is None:
+            return Response(b'{"detail":"Not Found"}', status_code=404, media_type="application/json")
+        return Response(engine.trtllm.render_prometheus(model_name),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def sim_requests(request: Request) -> Response:
         return _json([b for b, _ in received])
@@ -339,6 +357,9 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/prometheus/metrics", prometheus_metrics, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
+        Route("/prometheus/metrics/", prometheus_metrics, methods=["GET"]),
         Route("/sim/requests", sim_requests, methods=["GET"]),
         Route("/sim/prompts", sim_prompts, methods=["GET"]),
         Route("/sim/stats", sim_stats, methods=["GET"]),

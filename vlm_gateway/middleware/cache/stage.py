@@ -91,6 +91,9 @@ class ResponseCache:
             req.response_headers[HEADER] = "bypass"
             return None
         keys = build_keys(req)
+        if not keys.content_known:  # media known only by URL (passthrough): never cached
+            req.response_headers[HEADER] = "bypass"
+            return None
         req.state[_KEYS_STATE] = keys
         if d.lookup:
             reply = await self._lookup(req, keys)
