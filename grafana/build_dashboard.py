@@ -98,6 +98,10 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
         ("Image bytes / s", "Bps",
          [(rate("vlm_gateway_image_bytes_total", "direction"), "{{direction}}")],
          "Source image bytes received (in) and rewritten bytes sent upstream (out)."),
+        ("Coordinate groups / s", "short",
+         [(rate("vlm_gateway_coordinates_total", "convention, outcome"), "{{convention}} {{outcome}}")],
+         "Boxes and points in answers mapped back to the client's image (mapped) or left as the model "
+         "wrote them (unattributed: several images, no Image N marker); history = mapped into the sent frame."),
     ]),
     ("Caches", [
         ("Cache hit ratio per level", "percentunit",

@@ -118,10 +118,13 @@ class Servers:
 
     def sim(self, *, profile: str = "fast", echo: bool = True, time_scale: float = 1.0,
             token_rate: float | None = None, engine: str = "vllm", model: str = SIM_MODEL,
-            port: int | None = None, extra_args: list[str] | None = None) -> Proc:
+            port: int | None = None, grounding: str | None = None,
+            extra_args: list[str] | None = None) -> Proc:
         port = port or free_port()
         args = ["sim", "--port", str(port), "--profile", profile, "--time-scale", str(time_scale),
                 "--engine", engine, "--model", model]
+        if grounding:
+            args += ["--grounding", grounding]
         if echo:
             args.append("--echo")
         if token_rate:

@@ -81,7 +81,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     log.warning("vlm-gateway SIMULATOR (test instrument, generates filler text), profile %s, engine %s, "
                 "model %s, on http://%s:%d", prof.name, engine, args.model, args.host, args.port)
     app = create_sim_app(SimEngine(prof, engine=args.engine, trtllm_release=args.trtllm_release), args.model,
-                         echo=args.echo)
+                         echo=args.echo, grounding=args.grounding or "")
     from .backends.sim.serve import serve
     serve(app, args.host, args.port)   # uvicorn, plus the refuse_connections fault
     return 0
@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--token-rate", type=float, default=None, help="decode tokens/s of one sequence")
     m.add_argument("--echo", action="store_true", help="answer with the last user text, then filler")
     m.add_argument("--max-num-seqs", type=int, default=None, help="override the profile's concurrent sequences")
+    m.add_argument("--grounding", choices=["qwen3-vl", "qwen2.5-vl", "qwen2-vl"], default=None,
+                   help="answer requests with images like a perfect locator of colour markers, in this "
+                        "model's coordinate convention (a test instrument)")
     m.set_defaults(func=cmd_sim)
 
     h = sub.add_parser("hash-key", help="print the sha256 of an API key for auth.tenants[].key_sha256")

@@ -145,6 +145,15 @@ class ImagesConfig:
     # Accept image_embeds parts (base64 tensors the gateway cannot inspect; the engine needs
     # --enable-mm-embeds). They count as images and against limits.max_total_image_bytes.
     allow_image_embeds: bool = False
+    # Coordinate convention of the models' grounding answers (boxes, points): auto (from the model
+    # name: Qwen3-VL and Qwen2-VL relative 0-1000, Qwen2.5-VL absolute pixels of its processor's
+    # resize), qwen3-vl, qwen2.5-vl, qwen2-vl or none. Per model: models.NAME.coordinates (and, for
+    # qwen2.5-vl, processor_min_pixels / processor_max_pixels if the engine runs with other bounds).
+    coordinates: Literal["auto", "qwen3-vl", "qwen2.5-vl", "qwen2-vl", "none"] = "auto"
+    # Map the coordinates in answers back to the frame of the client's image (docs/GROUNDING.md);
+    # borders are trimmed only where this is on and the convention known. Per model
+    # (models.NAME.map_coordinates), per tenant, per request (x-vlm-gateway-grounding: off).
+    map_coordinates: bool = True
 
 
 @dataclass
@@ -190,6 +199,8 @@ class TenantConfig:
     max_tokens_cap: int = 0
     # Tenants sharing a cache_scope share cached answers; default = the tenant itself.
     cache_scope: str = ""
+    # false: answers keep the model's own coordinates (and images are not trimmed) for this tenant.
+    map_coordinates: bool = True
 
 
 @dataclass
@@ -390,6 +401,28 @@ def validate(cfg: GatewayConfig) -> None:
         names.add(t.name)
     if cfg.auth.admin_key_sha256 and not _is_sha256(cfg.auth.admin_key_sha256):
         raise ConfigError("auth.admin_key_sha256: must be a 64-char sha256 hex digest (vlm-gateway hash-key KEY)")
+    _validate_model_coordinates(cfg.images)
+
+
+_COORDINATE_KEYS = {"coordinates": str, "map_coordinates": bool, "processor_min_pixels": int,
+                    "processor_max_pixels": int}
+
+
+def _validate_model_coordinates(images: ImagesConfig) -> None:
+    """The per-model grounding keys of images.models (the other keys belong to the image policy)."""
+    names = typing.get_args(typing.get_type_hints(ImagesConfig)["coordinates"])
+    for model, ov in images.models.items():
+        if not isinstance(ov, dict):
+            raise ConfigError(f"images.models.{model}: expected a mapping, got {ov!r}")
+        for k, tp in _COORDINATE_KEYS.items():
+            if k not in ov:
+                continue
+            v = ov[k]
+            if not isinstance(v, tp) or (tp is int and isinstance(v, bool)) or (tp is int and v < 0):
+                want = "a non-negative int" if tp is int else tp.__name__
+                raise ConfigError(f"images.models.{model}.{k}: expected {want}, got {v!r}")
+            if k == "coordinates" and v not in names:
+                raise ConfigError(f"images.models.{model}.coordinates: expected one of {', '.join(names)}, got {v!r}")
 
 
 def _is_sha256(s: str) -> bool:

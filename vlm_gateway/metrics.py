@@ -65,6 +65,9 @@ REJECTIONS = Counter("vlm_gateway_rejections_total", "Rejected requests by statu
 RETRIES = Counter("vlm_gateway_retries_total", "Upstream attempts retried on another backend", ("reason",))
 ROUTING = Counter("vlm_gateway_routing_decisions_total", "Routing decisions by policy and outcome",
                   ("policy", "outcome"))
+COORDINATES = Counter("vlm_gateway_coordinates_total",
+                      "Coordinate groups: in answers mapped to the client's frame or left unattributed; "
+                      "in the conversation mapped to the model's frame (history)", ("convention", "outcome"))
 RATE_LIMITED = Counter("vlm_gateway_rate_limited_total",
                        "Requests refused by a per-tenant rate limit, by limit "
                        "(requests, images, tokens, concurrency)", ("limit",))

@@ -8,7 +8,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 import orjson
 
@@ -101,6 +101,20 @@ ImagePart = MediaPart
 Hook = Callable[..., Awaitable[None]]
 
 
+class StreamTransform(Protocol):
+    def feed(self, data: bytes) -> bytes: ...  # relayed SSE bytes in, bytes to send out
+    def close(self) -> bytes: ...  # at the end of the upstream body: what is still held
+
+
+class ResponseTransform(Protocol):
+    """A per-request rewrite of the answer that the relay applies before the client
+    (and the response cache) sees it: a complete completion is changed in place
+    (True if it changed); a stream's bytes go through ``stream()``."""
+
+    def completion(self, completion: dict[str, Any]) -> bool: ...
+    def stream(self) -> StreamTransform: ...
+
+
 @dataclass(slots=True)
 class MediaTally:
     """Media bytes of one request: per kind (data: payloads and fetched bodies, for
@@ -145,6 +159,10 @@ class ChatRequest:
     def visual_items(self) -> int:
         """Parts a per-minute image limit counts: images, videos, image embeddings."""
         return len(self.images) + sum(1 for p in self.media if p.kind in ("video", "embeds"))
+    # The coordinate plan of a request with images (middleware.grounding.plan.GroundingPlan).
+    grounding: Any = None
+    # Set by a stage to rewrite the answer text; None keeps the plain byte relay.
+    response_transform: ResponseTransform | None = None
 
     @property
     def include_usage(self) -> bool:

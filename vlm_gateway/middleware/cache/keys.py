@@ -100,6 +100,9 @@ def build_keys(req: "ChatRequest") -> CacheKeys:
     policy = req.headers.get(IMAGE_POLICY_HEADER)
     if policy:
         params["\x00image_policy"] = policy.strip().lower()
+    # The frame the answer's coordinates are in: the client's (mapped) or the sent images'.
+    if req.grounding is not None:
+        params["\x00frame"] = req.grounding.frame_key
     scope = req.cache_scope
     exact = _h("exact", scope, req.model, canon, params)
 

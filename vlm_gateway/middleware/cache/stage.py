@@ -138,6 +138,8 @@ class ResponseCache:
         keys: CacheKeys | None = req.state.get(_KEYS_STATE)
         if keys is None or not storable(req, completion):
             return
+        if req.grounding is not None and not req.grounding.cacheable:
+            return  # answered in frames other than those the key was built with
         enc = self.store.encode(completion)
         if enc is None:
             return

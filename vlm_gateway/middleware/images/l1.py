@@ -26,15 +26,18 @@ def _size(r: Rewritten) -> int:
 
 def pack(r: Rewritten) -> bytes:
     meta = orjson.dumps([r.mime, r.width, r.height, r.source_width, r.source_height, r.source_bytes,
-                         r.tokens_before, r.tokens_after, r.trimmed])
+                         r.tokens_before, r.tokens_after, r.trimmed, list(r.view)])
     return struct.pack(">I", len(meta)) + meta + r.data
 
 
 def unpack(blob: bytes) -> Rewritten:
     (n,) = struct.unpack_from(">I", blob)
-    mime, w, h, sw, sh, sb, tb, ta, trimmed = orjson.loads(blob[4:4 + n])
+    mime, w, h, sw, sh, sb, tb, ta, trimmed, *rest = orjson.loads(blob[4:4 + n])
+    view = tuple(rest[0]) if rest else ()
+    if not view and (trimmed or (w, h) != (sw, sh)):
+        raise ValueError("an entry without its view (written before views were kept): a miss")
     data = blob[4 + n:]
-    return Rewritten(data_uri(data, mime), data, mime, w, h, sw, sh, sb, tb, ta, trimmed)
+    return Rewritten(data_uri(data, mime), data, mime, w, h, sw, sh, sb, tb, ta, trimmed, view=view)
 
 
 class L1Cache:

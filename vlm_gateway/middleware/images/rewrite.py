@@ -33,6 +33,9 @@ class Rewritten:
     tokens_after: int
     trimmed: bool = False
     seconds: float = 0.0
+    # What the output shows of the source, for mapping coordinates back: (client_w, client_h,
+    # left, top, right, bottom) in pixels of the upright source; () = the source as it is.
+    view: tuple[float, ...] = ()
 
     @property
     def passthrough(self) -> bool:
@@ -57,10 +60,13 @@ def rewrite(data: bytes, header: Header, policy: Policy) -> Rewritten:
     f = policy.grid_factor
     target = target_size(header.width, header.height, policy.max_long_side, f, policy.min_pixels)
     im, scale = decode(data, header.format, prescale_size(target, policy.prescale_gap))
+    view = _full_view(im, scale, header)
     trimmed = False
     if policy.trim_borders:
         box = content_box(im, policy.trim_tolerance, min_side=max(2, int(f / scale)))
         if box is not None:
+            kx, ky = view[0] / im.width, view[1] / im.height
+            view = (view[0], view[1], box[0] * kx, box[1] * ky, box[2] * kx, box[3] * ky)
             im = im.crop(box)
             trimmed = True
     # target from the upright content size in source pixels
@@ -69,7 +75,17 @@ def rewrite(data: bytes, header: Header, policy: Policy) -> Rewritten:
     im = downscale(im, target, policy.resample, policy.prescale_gap)
     out, mime = encode(im, policy.jpeg_quality)
     return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
-                     len(data), before, tokens(im.width, im.height, policy), trimmed, time.perf_counter() - t0)
+                     len(data), before, tokens(im.width, im.height, policy), trimmed, time.perf_counter() - t0,
+                     view)
+
+
+def _full_view(im, scale: float, header: Header) -> tuple[float, ...]:
+    """The whole upright source as a view: the header's size, swapped when the decode
+    turned the image (EXIF orientation)."""
+    w, h = header.width, header.height
+    if w != h and abs(im.width * scale - h) < abs(im.width * scale - w):
+        w, h = h, w
+    return (w, h, 0.0, 0.0, float(w), float(h))
 
 
 def rewrite_bytes(data: bytes, policy: Policy | None = None,

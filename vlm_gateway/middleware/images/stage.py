@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ... import metrics
 from ...proxy.errors import BadRequest, GatewayError, Unavailable
+from ..grounding import plan as grounding
 from .decode import MIME, ImageError, probe
 from .encode import data_uri
 from .fetch import FetchError, check_address
@@ -140,6 +141,7 @@ class ImageRewriter:
         policies = [resolve(self.cfg, req.model, policy_header, part.detail) if self.cfg.enabled else OFF
                     for part in req.images]
         sources = await _gather([self.source(p, req) for p in req.images])
+        policies = grounding.gate_trim(self.cfg, req, sources, policies)  # no crop unless answers map back
         for part, src, pol in zip(req.images, sources, policies):
             part.content_hash = src.hash
             part.source_bytes = src.size
@@ -181,6 +183,7 @@ class ImageRewriter:
             before += part.tokens_before
             after += part.tokens_after
         req.response_headers[TOKENS_HEADER] = f"before={before};after={after}"
+        grounding.record(req, [r for _, r in chosen], plan["sources"])
 
     def _count(self, req: "ChatRequest", results: list[Rewritten], outcomes: list[str]) -> None:
         before = sum(p.tokens_before for p in req.images)
