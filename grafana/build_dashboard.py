@@ -42,6 +42,11 @@ L2_AFFINITY = (f'label_replace((sum(rate(vlm_gateway_routing_decisions_total{{ou
 
 CACHE_RATIO = ratio_by("vlm_gateway_cache_hits_total", "vlm_gateway_cache_lookups_total", "level")
 
+
+def ENGINE(metric: str) -> str:
+    """An engine load figure the gateway scraped (any engine, any load format)."""
+    return f'max by (backend) (vlm_gateway_engine_metric{{metric="{metric}"}})'
+
 # (title, unit, [(expr, legend)], description)
 ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
     ("Traffic and errors", [
@@ -93,6 +98,10 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
         ("Image bytes / s", "Bps",
          [(rate("vlm_gateway_image_bytes_total", "direction"), "{{direction}}")],
          "Source image bytes received (in) and rewritten bytes sent upstream (out)."),
+        ("Coordinate groups / s", "short",
+         [(rate("vlm_gateway_coordinates_total", "convention, outcome"), "{{convention}} {{outcome}}")],
+         "Boxes and points in answers mapped back to the client's image (mapped) or left as the model "
+         "wrote them (unattributed: several images, no Image N marker); history = mapped into the sent frame."),
     ]),
     ("Caches", [
         ("Cache hit ratio per level", "percentunit",
@@ -125,24 +134,31 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
          [("max by (backend, state) (vlm_gateway_backend_circuit_state) > 0", "{{backend}} {{state}}")],
          "Current circuit-breaker state per backend (closed, open, down)."),
     ]),
-    ("Engines (vLLM metrics)", [
+    ("Engines (load as the gateway scrapes it)", [
         ("Engine requests running", "short",
-         [("sum by (instance) (vllm:num_requests_running)", "{{instance}}")],
-         "Sequences the engine is decoding now."),
+         [(ENGINE("running"), "{{backend}}")],
+         "Requests each engine is computing, as the gateway last read them: vLLM num_requests_running, "
+         "TensorRT-LLM's last iteration (numActiveRequests less the ones it completed) or "
+         "trtllm_num_requests_running. A TensorRT-LLM /metrics read waits while the engine is busy: "
+         "the line then stops until it idles (docs/TRTLLM.md)."),
         ("Engine requests waiting", "short",
-         [("sum by (instance) (vllm:num_requests_waiting)", "{{instance}}")],
-         "Requests queued inside the engine."),
+         [(ENGINE("waiting"), "{{backend}}")],
+         "Requests queued inside each engine (vLLM num_requests_waiting, TensorRT-LLM numQueuedRequests)."),
         ("Engine KV-cache usage", "percentunit",
-         [("max by (instance) (vllm:kv_cache_usage_perc)", "{{instance}}")],
-         "Fraction of the engine's KV-cache blocks in use."),
+         [(ENGINE("kv_usage"), "{{backend}}")],
+         "Fraction of the engine's KV-cache blocks in use (TensorRT-LLM: usedNumBlocks / maxNumBlocks)."),
         ("Engine prefix-cache hit rate", "percentunit",
-         [(f"sum by (instance) (rate(vllm:prefix_cache_hits_total{W}))"
-           f" / sum by (instance) (rate(vllm:prefix_cache_queries_total{W}))", "{{instance}}")],
-         "Prompt tokens served from the engine's prefix cache over tokens queried."),
+         [(f'max by (backend) (delta(vlm_gateway_engine_metric{{metric="prefix_hits"}}{W}))'
+           f' / max by (backend) (delta(vlm_gateway_engine_metric{{metric="prefix_queries"}}{W}))', "{{backend}}")],
+         "Prompt tokens served from the engine's prefix cache over tokens looked up (TensorRT-LLM's "
+         "iteration statistics count whole blocks)."),
         ("Engine tokens / s", "short",
-         [(f"sum by (instance) (rate(vllm:prompt_tokens_total{W}))", "prompt {{instance}}"),
-          (f"sum by (instance) (rate(vllm:generation_tokens_total{W}))", "generation {{instance}}")],
-         "Prompt and generated tokens processed by each engine."),
+         [(f"sum by (instance) (rate(vllm:prompt_tokens_total{W}))"
+           f" or sum by (instance) (rate(trtllm_prompt_tokens_total{W}))", "prompt {{instance}}"),
+          (f"sum by (instance) (rate(vllm:generation_tokens_total{W}))"
+           f" or sum by (instance) (rate(trtllm_generation_tokens_total{W}))", "generation {{instance}}")],
+         "Prompt and generated tokens from each engine's own metrics (vLLM; trtllm-serve's "
+         "/prometheus/metrics in releases that have token counters)."),
     ]),
 ]
 
@@ -174,7 +190,7 @@ def build() -> dict:
             pid += 1
         y += 8
     return {
-        "uid": "vlm-gateway", "title": "vlm-gateway", "tags": ["vlm-gateway", "vllm"],
+        "uid": "vlm-gateway", "title": "vlm-gateway", "tags": ["vlm-gateway", "vllm", "tensorrt-llm"],
         "timezone": "browser", "schemaVersion": 39, "version": 1, "editable": True,
         "refresh": "10s", "time": {"from": "now-1h", "to": "now"},
         "annotations": {"list": []}, "templating": {"list": []}, "panels": panels,

@@ -118,14 +118,18 @@ class Servers:
 
     def sim(self, *, profile: str = "fast", echo: bool = True, time_scale: float = 1.0,
             token_rate: float | None = None, engine: str = "vllm", model: str = SIM_MODEL,
-            port: int | None = None) -> Proc:
+            port: int | None = None, grounding: str | None = None,
+            extra_args: list[str] | None = None) -> Proc:
         port = port or free_port()
         args = ["sim", "--port", str(port), "--profile", profile, "--time-scale", str(time_scale),
                 "--engine", engine, "--model", model]
+        if grounding:
+            args += ["--grounding", grounding]
         if echo:
             args.append("--echo")
         if token_rate:
             args += ["--token-rate", str(token_rate)]
+        args += list(extra_args or [])
         return self._spawn(args, port, "sim")
 
     def gateway(self, config: dict | None = None, *, backends: list[Proc] | None = None,

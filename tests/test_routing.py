@@ -1,5 +1,7 @@
 """Routing end to end: a real gateway in front of 2-4 simulator processes whose
-gateway-side GPU profiles differ; the OpenAI SDK as the client."""
+gateway-side GPU profiles differ; the OpenAI SDK as the client. Tests marked with
+``engine`` run against simulators in vLLM mode and in TensorRT-LLM mode (trtllm-serve's
+load endpoints, backends configured as ``engine: trtllm``)."""
 
 from __future__ import annotations
 
@@ -32,9 +34,13 @@ def png(color: tuple[int, int, int], size=(64, 48)) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def backends_cfg(sims, profiles):
-    return [{"url": s.base_url, "name": f"sim{i}", "engine": "sim", "profile": p}
+def backends_cfg(sims, profiles, engine: str = "sim"):
+    return [{"url": s.base_url, "name": f"sim{i}", "engine": engine, "profile": p}
             for i, (s, p) in enumerate(zip(sims, profiles))]
+
+
+# (simulator --engine, gateway backends[].engine)
+ENGINES = pytest.mark.parametrize("engine", [("vllm", "sim"), ("trtllm", "trtllm")], ids=["vllm", "trtllm"])
 
 
 def client(gw, **kw) -> openai.OpenAI:
@@ -114,9 +120,11 @@ def test_large_image_is_rewritten_to_the_small_profile_budget(servers):
 
 
 # -- affinity --------------------------------------------------------------------------------
-def test_multi_turn_chats_stick_and_distinct_chats_spread(servers):
-    sims = [servers.sim(profile=sim_profile("h200")) for _ in range(3)]
-    gw = servers.gateway({"routing": {"policy": "affinity"}, "backends": backends_cfg(sims, ["h200"] * 3)})
+@ENGINES
+def test_multi_turn_chats_stick_and_distinct_chats_spread(servers, engine):
+    sims = [servers.sim(profile=sim_profile("h200"), engine=engine[0]) for _ in range(3)]
+    gw = servers.gateway({"routing": {"policy": "affinity"},
+                          "backends": backends_cfg(sims, ["h200"] * 3, engine[1])})
     c = client(gw)
     system = {"role": "system", "content": "You are a careful visual assistant."}
     chats = {}
@@ -140,10 +148,11 @@ def test_multi_turn_chats_stick_and_distinct_chats_spread(servers):
 
 
 # -- failover --------------------------------------------------------------------------------
-def test_killing_a_simulator_mid_test_loses_no_request(servers):
-    sims = [servers.sim(profile="fast", token_rate=40) for _ in range(3)]
+@ENGINES
+def test_killing_a_simulator_mid_test_loses_no_request(servers, engine):
+    sims = [servers.sim(profile="fast", token_rate=40, engine=engine[0]) for _ in range(3)]
     gw = servers.gateway({"routing": {"policy": "least_loaded", "max_retries": 2},
-                          "backends": backends_cfg(sims, ["h200"] * 3)})
+                          "backends": backends_cfg(sims, ["h200"] * 3, engine[1])})
     c = client(gw)
     outcomes: list[str] = []
     lock = threading.Lock()

@@ -3,8 +3,10 @@ prefix keys, the profile filter, the load formula and the policies' choices."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +22,7 @@ from vlm_gateway.config import ConfigError, GatewayConfig, RoutingConfig
 from vlm_gateway.proxy.request import parse_chat
 
 import orjson
+import yaml
 
 MODEL = "Qwen/Qwen3-VL-2B-Instruct"
 
@@ -62,8 +65,9 @@ def test_vllm_launch_line_rtx4060ti():
     assert shlex.join(argv) == (
         "vllm serve Qwen/Qwen3-VL-2B-Instruct --host 0.0.0.0 --port 8001 --max-model-len 4096 "
         "--max-num-seqs 1 --max-num-batched-tokens 2048 --gpu-memory-utilization 0.92 --dtype float16 "
-        "--limit-mm-per-prompt '{\"image\":1,\"video\":0}' "
-        "--mm-processor-kwargs '{\"size\":{\"longest_edge\":262144,\"shortest_edge\":65536}}' "
+        "--limit-mm-per-prompt '{\"image\":1,\"video\":1}' "
+        "--mm-processor-kwargs '{\"images_kwargs\":{\"size\":{\"longest_edge\":262144,\"shortest_edge\":65536}},"
+        "\"videos_kwargs\":{\"size\":{\"longest_edge\":4194304,\"shortest_edge\":4096}}}' "
         "--enable-prefix-caching --quantization awq --cpu-offload-gb 4")
 
 
@@ -72,10 +76,20 @@ def test_vllm_launch_line_h200_and_qwen25_pixels():
     line = shlex.join(argv)
     assert line.startswith("vllm serve Qwen/Qwen3-VL-2B-Instruct --host 127.0.0.1 --port 8000 "
                            "--served-model-name qwen3vl --max-model-len 32768 --max-num-seqs 256 ")
-    assert "--limit-mm-per-prompt '{\"image\":8,\"video\":0}'" in line and "--enable-prefix-caching" in line
+    assert "--limit-mm-per-prompt '{\"image\":8,\"video\":2}'" in line and "--enable-prefix-caching" in line
+    # video on: the image cap is scoped to images, the video keeps the model's own budget
+    assert "--mm-processor-kwargs '{\"images_kwargs\":{\"size\":{\"longest_edge\":1638400," in line
+    assert "videos_kwargs" not in line
     assert "--quantization" not in line and "--cpu-offload-gb" not in line
     argv, _ = command_for(get_profile("rtx3090"), "Qwen/Qwen2.5-VL-3B-Instruct", "0.0.0.0", 8000)
-    assert "--mm-processor-kwargs '{\"min_pixels\":3136,\"max_pixels\":589824}'" in shlex.join(argv)
+    assert ("--mm-processor-kwargs '{\"images_kwargs\":{\"min_pixels\":3136,\"max_pixels\":589824},"
+            "\"videos_kwargs\":{\"min_pixels\":3136,\"max_pixels\":8388608}}'") in shlex.join(argv)
+    # without video the flat form stays (nothing else reads it)
+    no_video = dict(get_profile("rtx3090"), max_videos_per_prompt=0)
+    argv, _ = command_for(no_video, "Qwen/Qwen2.5-VL-3B-Instruct", "0.0.0.0", 8000)
+    line = shlex.join(argv)
+    assert "--mm-processor-kwargs '{\"min_pixels\":3136,\"max_pixels\":589824}'" in line
+    assert "\"video\":0" in line
 
 
 def test_trtllm_launch_line_rtx4090d():
@@ -83,10 +97,69 @@ def test_trtllm_launch_line_rtx4090d():
     assert shlex.join(argv) == (
         "trtllm-serve Qwen/Qwen3-VL-2B-Instruct --host 0.0.0.0 --port 8002 --backend pytorch "
         "--max_batch_size 4 --max_num_tokens 8192 --max_seq_len 8192 "
-        "--kv_cache_free_gpu_memory_fraction 0.85 --trust_remote_code --extra_llm_api_options /tmp/x.yaml")
-    assert trtllm_options(get_profile("rtx4090d")) == {"kv_cache_config": {"enable_block_reuse": True},
-                                                       "dtype": "float16"}
-    assert "enable_block_reuse: true" in opts
+        "--kv_cache_free_gpu_memory_fraction 0.85 --extra_llm_api_options /tmp/x.yaml")
+    assert trtllm_options(get_profile("rtx4090d")) == {
+        "kv_cache_config": {"enable_block_reuse": True}, "enable_iter_perf_stats": True,
+        "return_perf_metrics": True, "dtype": "float16"}
+    assert yaml.safe_load(opts) == trtllm_options(get_profile("rtx4090d"))
+
+
+TRTLLM_SERVE = json.loads((Path(__file__).parent / "fixtures" / "trtllm-serve-1.2-options.json").read_text())
+
+
+def _check_against_trtllm_serve(argv: list[str], opts: dict) -> None:
+    """Every flag is one trtllm-serve 1.2 accepts, with a value of the right kind; every
+    YAML key an LlmArgs field (tests/fixtures/trtllm-serve-1.2-options.json says where from)."""
+    known = TRTLLM_SERVE["options"]
+    assert argv[0] == "trtllm-serve" and not argv[1].startswith("-")
+    i = 2
+    while i < len(argv):
+        flag = argv[i]
+        assert flag in known, f"trtllm-serve 1.2 has no option {flag}"
+        kind = known[flag]
+        if kind == "flag":
+            i += 1
+            continue
+        value = argv[i + 1]
+        if isinstance(kind, list):
+            assert value in kind, (flag, value)
+        elif kind in ("int", "float"):
+            (int if kind == "int" else float)(value)
+        i += 2
+
+    def walk(got: dict, schema: dict, path: str = "") -> None:
+        for k, v in got.items():
+            assert k in schema, f"no LlmArgs field {path}{k}"
+            if isinstance(v, dict):
+                walk(v, schema[k], f"{path}{k}.")
+            elif schema[k] == "bool":
+                assert isinstance(v, bool), f"{path}{k}"
+    walk(opts, TRTLLM_SERVE["yaml"])
+
+
+@pytest.mark.parametrize("name", ["rtx4090d", "h200", "rtx4060ti", "l4"])
+def test_trtllm_command_lines_use_only_trtllm_serve_options(name):
+    prof = dict(get_profile(name), engine="trtllm")
+    argv, opts = command_for(prof, MODEL, "127.0.0.1", 8000, options_path="/tmp/o.yaml")
+    body = yaml.safe_load(opts)
+    _check_against_trtllm_serve(argv, body)
+    # what the gateway reads needs these two; block reuse follows the profile
+    assert body["enable_iter_perf_stats"] is True and body["return_perf_metrics"] is True
+    assert body["kv_cache_config"]["enable_block_reuse"] is bool(prof.get("enable_prefix_caching", True))
+    # quantization comes from the checkpoint on the PyTorch backend: never an invented quant_algo
+    assert "quant_config" not in body and "--trust_remote_code" not in argv
+
+
+def test_trtllm_launch_with_quantized_profile_says_where_quantization_comes_from(capsys, tmp_path):
+    from vlm_gateway.cli import main
+    cfg = tmp_path / "g.yaml"
+    cfg.write_text("profiles:\n  trt-awq: {base: rtx4060ti, engine: trtllm}\n")
+    assert main(["launch", "--profile", "trt-awq", "--model", MODEL, "--config", str(cfg), "--dry-run",
+                 "--options-file", str(tmp_path / "o.yaml")]) == 0
+    out, err = capsys.readouterr()
+    assert "takes the quantization from the checkpoint" in err
+    assert "quant_config" not in out and "enable_iter_perf_stats: true" in out
+    assert out.splitlines()[-1].startswith("trtllm-serve Qwen/Qwen3-VL-2B-Instruct ")
 
 
 def test_launch_cli_dry_run(capsys):
@@ -99,7 +172,7 @@ def test_launch_cli_dry_run(capsys):
 
 
 # -- scraping ------------------------------------------------------------------------------
-def test_scrape_parses_known_names_of_both_engines():
+def test_scrape_parses_known_names_of_every_engine():
     vllm = ('# HELP vllm:num_requests_running x\n'
             'vllm:num_requests_running{model_name="m",engine="0"} 3.0\n'
             'vllm:num_requests_running{model_name="m",engine="1"} 2.0\n'
@@ -109,12 +182,13 @@ def test_scrape_parses_known_names_of_both_engines():
             'vllm:prefix_cache_queries_total{model_name="m"} 400\n')
     assert extract(parse(vllm)) == {"running": 5.0, "waiting": 4.0, "kv_usage": 0.25,
                                     "prefix_hits": 100.0, "prefix_queries": 400.0}
-    trt = ("trtllm_num_requests_running 2 1700000000000\ntrtllm_num_requests_waiting 1\n"
-           "trtllm_kv_cache_utilization 55.0\n")
-    assert extract(parse(trt)) == {"running": 2.0, "waiting": 1.0, "kv_usage": 0.55}
     # an older vLLM name for the same quantity
     assert extract(parse('vllm:gpu_cache_usage_perc{a="b c"} 0.5\n')) == {"kv_usage": 0.5}
     assert extract(parse("garbage line\nother_metric 1\n")) == {}
+    # names TensorRT-LLM never exported are not read (its real ones: test_scrape_trtllm.py)
+    invented = ("trtllm:num_requests_running 2\ntrtllm_prefix_cache_hits_total 5\n"
+                "trtllm_prefix_cache_queries_total 9\ntrtllm:kv_cache_utilization 0.5\n")
+    assert extract(parse(invented)) == {}
 
 
 # -- load ------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The simulator as a client sees it: OpenAI API shape, token accounting from
 real image headers (data URIs and http URLs), prefix-cache hits, queueing at
-max_num_seqs, cancellation, vLLM / TRT-LLM metric names, fault modes, profiles."""
+max_num_seqs, cancellation, vLLM's metric names and trtllm-serve's load formats, fault
+modes, profiles."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import base64
 import http.server
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -160,22 +162,78 @@ def test_max_num_seqs_queues_and_cancel_frees_the_slot(module_servers):
     assert metric(m, "vllm:request_success_total", finished_reason="length") == 1
 
 
-def test_metric_names_vllm_and_trtllm(fast_sim, module_servers):
+def test_metric_names_vllm(fast_sim):
     vllm = httpx.get(fast_sim.url + "/metrics").text
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
                  "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
                  "vllm:e2e_request_latency_seconds_count"):
         assert f'{name}{{engine="0",model_name="{MODEL}"' in vllm, name
-    trt = module_servers.sim(profile="fast", engine="trtllm")
+    assert httpx.get(fast_sim.url + "/prometheus/metrics").status_code == 404
+
+
+def _families(text: str) -> dict[str, tuple[str, set]]:
+    from prometheus_client.parser import text_string_to_metric_families
+    return {f.name: (f.type, {tuple(sorted(s.labels)) for s in f.samples})
+            for f in text_string_to_metric_families(text)}
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("release", ["1.2", "1.3"])
+def test_trtllm_mode_serves_trtllm_serves_formats(module_servers, release):
+    """Every family, type and label key of the fixture built from that release's
+    MetricsCollector (tests/fixtures/README.md); the simulator has no GPU, so no memory gauge."""
+    trt = module_servers.sim(profile="fast", engine="trtllm", extra_args=["--trtllm-release", release])
+    # before any request both endpoints answer at once: [] and request series at zero
+    t0 = time.monotonic()
+    assert httpx.get(trt.url + "/metrics").json() == []
+    assert time.monotonic() - t0 < 1.0
     openai.OpenAI(base_url=trt.base_url, api_key="x").chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-    text = httpx.get(trt.url + "/metrics").text
+    text = httpx.get(trt.url + "/prometheus/metrics").text
     assert "vllm:" not in text
-    for name in ("trtllm_num_requests_running", "trtllm_num_requests_waiting", "trtllm_kv_cache_utilization",
-                 "trtllm_time_to_first_token_seconds_count", "trtllm_e2e_request_latency_seconds_count"):
-        metric(text, name, model_name=MODEL)
-    assert metric(text, "trtllm_time_to_first_token_seconds_count") == 1
+    want = _families((FIXTURES / f"trtllm-{release}-prometheus.txt").read_text())
+    want.pop("trtllm_gpu_memory_usage_bytes", None)
+    assert _families(text) == want
+    labels = {"model_name": "undefined"} if release == "1.2" else {"model_name": MODEL}
+    assert metric(text, "trtllm_time_to_first_token_seconds_count", **labels) == 1
+    assert metric(text, "trtllm_request_success_total", finished_reason="length") == 1
+    if release == "1.3":   # the collector logged the request's last step when it completed
+        assert metric(text, "trtllm_num_requests_running") == 1
+        assert metric(text, "trtllm_prompt_tokens_total") > 0
+    # /metrics: JSON iteration statistics, answered 2 s after the last iteration, then drained
+    t0 = time.monotonic()
+    r = httpx.get(trt.url + "/metrics", timeout=10)
+    assert time.monotonic() - t0 >= 1.9 and r.headers["content-type"] == "application/json"
+    stats = r.json()
+    assert stats and stats[-1]["numCompletedRequests"] == 1 and stats[-1]["numActiveRequests"] == 1
+    assert httpx.get(trt.url + "/metrics").json() == []
+
+
+def test_trtllm_iteration_statistics_wait_while_the_engine_is_busy(module_servers):
+    """trtllm-serve's /metrics keeps collecting while iterations keep coming: a read started
+    during a request returns only after the engine has been idle for 2 s."""
+    trt = module_servers.sim(profile="fast", engine="trtllm", token_rate=20)
+    c = openai.OpenAI(base_url=trt.base_url, api_key="x")
+    c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "warm"}], max_tokens=1)
+    httpx.get(trt.url + "/metrics", timeout=10)          # drain the warm-up
+    done = {}
+
+    def run():
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long"}], max_tokens=40)
+        done["t"] = time.monotonic()
+
+    th = threading.Thread(target=run)
+    th.start()
+    time.sleep(0.3)
+    stats = httpx.get(trt.url + "/metrics", timeout=15).json()
+    end = time.monotonic()
+    th.join()
+    assert end - done["t"] >= 1.9                         # answered 2 s after the last step
+    assert len(stats) >= 30                               # one entry per decode step of the request
+    assert stats[-1]["numCompletedRequests"] == 1
 
 
 def test_faults(fast_sim, client):

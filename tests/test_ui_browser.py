@@ -63,6 +63,11 @@ def test_playground_upload_rewrite_and_streamed_answer(servers, tmp_path):
     assert page["tokens_before"] == 2040 and page["tokens_after"] == 336
     assert page["bytes_before"] == src_bytes and 0 < page["bytes_after"] < src_bytes
     assert "2,040 → 336 (−84%)" in page["saving"]
+    # the frame of the rewritten image (no border to trim: the whole image, 2.5x) and the
+    # coordinate mapping, from the answer's headers
+    assert page["frame_after"] == "whole image · ×2.500 / ×2.411", page["frame_after"]
+    assert page["transform_header"].startswith("part=messages[0].content[1]; client=1920x1080; crop=0,0,1920,1080;")
+    assert page["grounding_after"] == "mapped to your image · qwen3-vl"
     # the answer arrived as a stream (the simulator echoes the question, then filler)
     assert page["answer"].startswith("What is in this picture?")
     assert page["chunks"] >= 16

@@ -77,9 +77,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
     except KeyError as e:
         print(f"vlm-gateway sim: {e.args[0]}", file=sys.stderr)
         return 2
+    engine = args.engine if args.engine == "vllm" else f"{args.engine} {args.trtllm_release}"
     log.warning("vlm-gateway SIMULATOR (test instrument, generates filler text), profile %s, engine %s, "
-                "model %s, on http://%s:%d", prof.name, args.engine, args.model, args.host, args.port)
-    app = create_sim_app(SimEngine(prof, engine=args.engine), args.model, echo=args.echo)
+                "model %s, on http://%s:%d", prof.name, engine, args.model, args.host, args.port)
+    app = create_sim_app(SimEngine(prof, engine=args.engine, trtllm_release=args.trtllm_release), args.model,
+                         echo=args.echo, grounding=args.grounding or "")
     from .backends.sim.serve import serve
     serve(app, args.host, args.port)   # uvicorn, plus the refuse_connections fault
     return 0
@@ -117,11 +119,19 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--port", type=int, default=8000)
     m.add_argument("--profile", default="h200-qwen3vl-2b")
     m.add_argument("--model", default="qwen3vl-sim", help="served model name")
-    m.add_argument("--engine", choices=["vllm", "trtllm"], default="vllm", help="metric names to expose")
+    m.add_argument("--engine", choices=["vllm", "trtllm"], default="vllm",
+                   help="load endpoints to serve: vLLM's /metrics, or trtllm-serve's /metrics (JSON iteration "
+                        "statistics) and /prometheus/metrics")
+    m.add_argument("--trtllm-release", choices=["1.2", "1.3"], default="1.2",
+                   help="with --engine trtllm: 1.2 = the stable line (Prometheus: request series only), "
+                        "1.3 = pre-releases with the iteration gauges (trtllm_num_requests_running, ...)")
     m.add_argument("--time-scale", type=float, default=1.0, help="0.1 = ten times faster than real time")
     m.add_argument("--token-rate", type=float, default=None, help="decode tokens/s of one sequence")
     m.add_argument("--echo", action="store_true", help="answer with the last user text, then filler")
     m.add_argument("--max-num-seqs", type=int, default=None, help="override the profile's concurrent sequences")
+    m.add_argument("--grounding", choices=["qwen3-vl", "qwen2.5-vl", "qwen2-vl"], default=None,
+                   help="answer requests with images like a perfect locator of colour markers, in this "
+                        "model's coordinate convention (a test instrument)")
     m.set_defaults(func=cmd_sim)
 
     h = sub.add_parser("hash-key", help="print the sha256 of an API key for auth.tenants[].key_sha256")

@@ -64,8 +64,12 @@ class BackendConfig:
     engine: Literal["vllm", "trtllm", "sim", "openai"] = "openai"
     # GPU profile name from profiles.yaml (or config `profiles`).
     profile: str = ""
-    # Prometheus endpoint of the engine; default <origin>/metrics for vllm/trtllm/sim.
+    # Load endpoint of the engine; default <origin>/metrics for vllm/sim, and for trtllm
+    # <origin>/prometheus/metrics then <origin>/metrics (see metrics_format).
     metrics_url: str = ""
+    # Format of the load endpoint: prometheus (text), trtllm_json (trtllm-serve's /metrics
+    # iteration statistics) or auto (by Content-Type, then by the body's shape).
+    metrics_format: Literal["auto", "prometheus", "trtllm_json"] = "auto"
 
 
 @dataclass
@@ -95,6 +99,8 @@ class RoutingConfig:
 
 @dataclass
 class ImagesConfig:
+    # Rewrite images for the model's budget; false = send them as they came (their sources
+    # are still fetched safely, checked and counted like every media part).
     enabled: bool = True
     max_long_side: int = 768
     # Token grid: 32 for Qwen3-VL (16 px patches merged 2x2), 28 for Qwen2/2.5-VL.
@@ -103,6 +109,9 @@ class ImagesConfig:
     max_pixels: int = 16777216
     detail_low_long_side: int = 448
     detail_high_long_side: int = 1280
+    # How http(s) URLs in every media part (images, video, audio) are handled: fetch (safely,
+    # then inlined: the engine never fetches), passthrough (checked here, fetched by the
+    # engine), reject (data: URIs only). The fetch settings below apply to every kind.
     url_mode: Literal["fetch", "passthrough", "reject"] = "fetch"
     allow_private_networks: bool = False
     # CIDRs exempt from the private-address guard (e.g. an internal image store).
@@ -122,7 +131,8 @@ class ImagesConfig:
     # for -0.01 to -0.8 dB, every output still >= 37 dB against the float64 Lanczos reference.
     resample: Literal["lanczos", "bicubic", "bilinear"] = "bicubic"
     prescale_gap: float = 1.2
-    # Remember a fetched URL's content hash this long (a repeat skips the fetch on an L1 hit).
+    # Remember a fetched URL's strong ETag and content hash this long: a repeat asks the
+    # origin (If-None-Match) and, on 304, reuses the L1 rewrite without the body. 0 = off.
     url_cache_ttl_s: float = 300.0
     # L1 rewritten-image cache.
     l1_max_bytes: int = 256 * 1024 * 1024
@@ -132,6 +142,18 @@ class ImagesConfig:
     max_queue: int = 64
     # Per-model overrides: {model_name: {max_long_side: .., grid_factor: .., ...}}
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Accept image_embeds parts (base64 tensors the gateway cannot inspect; the engine needs
+    # --enable-mm-embeds). They count as images and against limits.max_total_image_bytes.
+    allow_image_embeds: bool = False
+    # Coordinate convention of the models' grounding answers (boxes, points): auto (from the model
+    # name: Qwen3-VL and Qwen2-VL relative 0-1000, Qwen2.5-VL absolute pixels of its processor's
+    # resize), qwen3-vl, qwen2.5-vl, qwen2-vl or none. Per model: models.NAME.coordinates (and, for
+    # qwen2.5-vl, processor_min_pixels / processor_max_pixels if the engine runs with other bounds).
+    coordinates: Literal["auto", "qwen3-vl", "qwen2.5-vl", "qwen2-vl", "none"] = "auto"
+    # Map the coordinates in answers back to the frame of the client's image (docs/GROUNDING.md);
+    # borders are trimmed only where this is on and the convention known. Per model
+    # (models.NAME.map_coordinates), per tenant, per request (x-vlm-gateway-grounding: off).
+    map_coordinates: bool = True
 
 
 @dataclass
@@ -177,6 +199,8 @@ class TenantConfig:
     max_tokens_cap: int = 0
     # Tenants sharing a cache_scope share cached answers; default = the tenant itself.
     cache_scope: str = ""
+    # false: answers keep the model's own coordinates (and images are not trimmed) for this tenant.
+    map_coordinates: bool = True
 
 
 @dataclass
@@ -188,9 +212,31 @@ class AuthConfig:
 @dataclass
 class LimitsConfig:
     max_messages: int = 1024
+    # image_url and input_image parts per request (and image_embeds where allowed).
     max_images_per_request: int = 16
+    # Image bytes per request: data: payloads plus fetched bodies.
     max_total_image_bytes: int = 64 * 1024 * 1024
+    # Clamp `max_tokens` for everyone; 0 = no clamp.
     max_tokens_cap: int = 0
+    # video_url parts per request.
+    max_videos_per_request: int = 2
+    # Bytes of one video part, data: or fetched.
+    max_video_bytes: int = 64 * 1024 * 1024
+    # Video bytes per request: data: payloads plus fetched bodies.
+    max_total_video_bytes: int = 128 * 1024 * 1024
+    # audio_url and input_audio parts per request.
+    max_audios_per_request: int = 4
+    # Bytes of one audio part, data:, input_audio or fetched.
+    max_audio_bytes: int = 16 * 1024 * 1024
+    # Audio bytes per request: inline payloads plus fetched bodies.
+    max_total_audio_bytes: int = 32 * 1024 * 1024
+    # Media bytes one process holds at once (fetch buffers and decoded sources of every
+    # request in flight); a request that would pass it gets 503 with Retry-After. 0 = no bound.
+    max_media_bytes_in_flight: int = 512 * 1024 * 1024
+    # Forward the engine extras that change how it reads media (vLLM's mm_processor_kwargs,
+    # media_io_kwargs: pixel budgets, video frames). Off: refused with 400 in requests with media
+    # parts, so a client cannot raise the pixel or frame budget past the gateway's limits.
+    allow_media_kwargs: bool = False
 
 
 @dataclass
@@ -355,6 +401,28 @@ def validate(cfg: GatewayConfig) -> None:
         names.add(t.name)
     if cfg.auth.admin_key_sha256 and not _is_sha256(cfg.auth.admin_key_sha256):
         raise ConfigError("auth.admin_key_sha256: must be a 64-char sha256 hex digest (vlm-gateway hash-key KEY)")
+    _validate_model_coordinates(cfg.images)
+
+
+_COORDINATE_KEYS = {"coordinates": str, "map_coordinates": bool, "processor_min_pixels": int,
+                    "processor_max_pixels": int}
+
+
+def _validate_model_coordinates(images: ImagesConfig) -> None:
+    """The per-model grounding keys of images.models (the other keys belong to the image policy)."""
+    names = typing.get_args(typing.get_type_hints(ImagesConfig)["coordinates"])
+    for model, ov in images.models.items():
+        if not isinstance(ov, dict):
+            raise ConfigError(f"images.models.{model}: expected a mapping, got {ov!r}")
+        for k, tp in _COORDINATE_KEYS.items():
+            if k not in ov:
+                continue
+            v = ov[k]
+            if not isinstance(v, tp) or (tp is int and isinstance(v, bool)) or (tp is int and v < 0):
+                want = "a non-negative int" if tp is int else tp.__name__
+                raise ConfigError(f"images.models.{model}.{k}: expected {want}, got {v!r}")
+            if k == "coordinates" and v not in names:
+                raise ConfigError(f"images.models.{model}.coordinates: expected one of {', '.join(names)}, got {v!r}")
 
 
 def _is_sha256(s: str) -> bool:

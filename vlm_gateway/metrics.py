@@ -56,7 +56,8 @@ BACKEND_STATE = _gauge("vlm_gateway_backend_circuit_state",
 BACKEND_INFLIGHT = _gauge("vlm_gateway_backend_inflight", "Requests in flight per backend", ("backend",))
 BACKEND_LOAD = _gauge("vlm_gateway_backend_load", "Normalised load per backend (0..1+)", ("backend",),
                       mode="livemax")
-ENGINE_METRIC = _gauge("vlm_gateway_engine_metric", "Scraped engine load figures",
+ENGINE_METRIC = _gauge("vlm_gateway_engine_metric",
+                       "Engine load figures as scraped (running, waiting, kv_usage, prefix_hits, prefix_queries)",
                        ("backend", "metric"), mode="livemostrecent")
 QUEUE_DEPTH = _gauge("vlm_gateway_queue_depth", "Requests waiting for a backend slot")
 REJECTIONS = Counter("vlm_gateway_rejections_total", "Rejected requests by status and reason",
@@ -64,6 +65,9 @@ REJECTIONS = Counter("vlm_gateway_rejections_total", "Rejected requests by statu
 RETRIES = Counter("vlm_gateway_retries_total", "Upstream attempts retried on another backend", ("reason",))
 ROUTING = Counter("vlm_gateway_routing_decisions_total", "Routing decisions by policy and outcome",
                   ("policy", "outcome"))
+COORDINATES = Counter("vlm_gateway_coordinates_total",
+                      "Coordinate groups: in answers mapped to the client's frame or left unattributed; "
+                      "in the conversation mapped to the model's frame (history)", ("convention", "outcome"))
 RATE_LIMITED = Counter("vlm_gateway_rate_limited_total",
                        "Requests refused by a per-tenant rate limit, by limit "
                        "(requests, images, tokens, concurrency)", ("limit",))
@@ -107,3 +111,7 @@ def render() -> tuple[bytes, str]:
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(), CONTENT_TYPE_LATEST
+MEDIA_BYTES_IN_FLIGHT = _gauge("vlm_gateway_media_bytes_in_flight",
+                               "Media bytes held for requests in flight (fetch buffers, decoded sources)")
+MEDIA_PARTS = Counter("vlm_gateway_media_parts_total", "Non-image media parts by kind and outcome",
+                      ("kind", "outcome"))

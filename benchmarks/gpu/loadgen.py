@@ -5,6 +5,7 @@ token accounting, and affinity across engines. Writes JSON results and prints ta
                                                                     # pre-rewritten, (c) raw via gateway
   python3 benchmarks/gpu/loadgen.py tokens   --out tokens.json    # x-vlm-gateway-visual-tokens vs usage
   python3 benchmarks/gpu/loadgen.py affinity --policy affinity --out aff.json
+  python3 benchmarks/gpu/loadgen.py video    --out video.json     # video tokens + TTFT, raw vs rewritten
 
 Every request streams, asks for 64 output tokens with ignore_eos, and carries a distinct
 synthetic image (screenshots for 1920x1080, photos for 4032x3024) unless stated.
@@ -288,9 +289,139 @@ async def engine_prefix(s: aiohttp.ClientSession) -> dict[str, tuple[float, floa
     return out
 
 
+# -- video ---------------------------------------------------------------------------------------
+
+VIDEO_CLIPS = {  # name: (kind, seconds, width, height, fps); --small shrinks them for a local run
+    "motion_10s_720p30": ("motion", 10, 1280, 720, 30),
+    "screen_60s_1080p30": ("screen", 60, 1920, 1080, 30),
+}
+VIDEO_CLIPS_SMALL = {"motion_10s_720p30": ("motion", 2, 320, 240, 30),
+                     "screen_60s_1080p30": ("screen", 12, 640, 360, 10)}
+
+
+def make_video(args: tuple[str, tuple, int]) -> dict:
+    """One clip (seeded: every request gets frames no engine cache has seen) and its rewrite."""
+    from vlm_gateway.middleware.video import corpus
+    from vlm_gateway.middleware.video.rewrite import rewrite_video
+    from vlm_gateway.middleware.video.settings import VideoSettings
+    name, (kind, sec, w, h, fps), seed = args
+    if kind == "motion":
+        raw, times = corpus.motion_clip(sec, w, h, fps, seed=seed), None
+    else:
+        raw, times = corpus.screen_recording(sec, w, h, fps, seed=seed)
+    r = rewrite_video(raw, VideoSettings())
+    return {"name": name, "seed": seed, "raw": raw, "out": r.data, "times": times, "states": r.plan.states,
+            "rewrite_cpu_s": r.cpu_s, "frames_out": r.frames, "rate_out": str(r.plan.rate),
+            "size_out": f"{r.width}x{r.height}", "src": (r.source.opencv_frames, float(r.source.rate),
+                                                          r.source.width, r.source.height),
+            "dst": (r.frames, float(r.plan.rate), r.width, r.height)}
+
+
+def video_chat(video: bytes, text: str = "Describe this video.", max_tokens: int = 64, prefix: str = "") -> dict:
+    url = "data:video/mp4;base64," + base64.b64encode(video).decode()
+    content = ([{"type": "text", "text": prefix}] if prefix else []) + [
+        {"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": text}]
+    return {"model": MODEL, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}, "messages": [{"role": "user", "content": content}]}
+
+
+async def engine_counter(s: aiohttp.ClientSession):
+    """Counts "<t seconds>" with the engine's own tokenizer (vLLM /tokenize); Qwen's rule otherwise."""
+    from vlm_gateway.video_tokens import qwen_timestamp_tokens
+    cache: dict[str, int] = {}
+    root = DIRECT.rsplit("/v1", 1)[0]
+    try:
+        async with s.post(root + "/tokenize", json={"model": MODEL, "prompt": "<0.5 seconds>",
+                                                    "add_special_tokens": False}) as r:
+            ok = r.status == 200 and "count" in await r.json()
+    except aiohttp.ClientError:
+        ok = False
+
+    async def count(texts: list[str]) -> None:
+        for t in texts:
+            if t not in cache:
+                if ok:
+                    async with s.post(root + "/tokenize", json={"model": MODEL, "prompt": t,
+                                                                "add_special_tokens": False}) as r:
+                        cache[t] = (await r.json())["count"]
+                else:
+                    cache[t] = qwen_timestamp_tokens(t)
+
+    return ok, cache, count
+
+
+def cmd_video(a) -> dict:
+    from vlm_gateway.video_tokens import tokens_for_indices, sample_indices, group_timestamps, timestamp_text
+    clips = VIDEO_CLIPS_SMALL if a.small else VIDEO_CLIPS
+    plan = [(1, 4 if a.small else 6), (8, 8 if a.small else 24)]
+    need = sum(n for _, n in plan) + 2 * len(plan)      # + 2 warm-ups per cell
+    t0 = time.time()
+    jobs = [(name, spec, 1000 * i + j) for i, (name, spec) in enumerate(clips.items()) for j in range(need + 2)]
+    with ProcessPoolExecutor(os.cpu_count()) as ex:
+        made = list(ex.map(make_video, jobs))
+    vids = {name: [m for m in made if m["name"] == name] for name in clips}
+    print(f"generated and rewrote {len(made)} clips in {time.time() - t0:.1f}s", flush=True)
+    out: dict = {"clips": {}, "tokens": [], "cells": []}
+    for name, ms in vids.items():
+        cpu = [m["rewrite_cpu_s"] for m in ms]
+        out["clips"][name] = {"spec": clips[name], "raw_bytes": statistics.median(len(m["raw"]) for m in ms),
+                              "out_bytes": statistics.median(len(m["out"]) for m in ms),
+                              "rewrite_cpu_s_p50": statistics.median(cpu), "frames_out": ms[0]["frames_out"],
+                              "rate_out": ms[0]["rate_out"], "size_out": ms[0]["size_out"],
+                              "states_kept": [m["states"] for m in ms[:4]],
+                              "states_true": [len(m["times"]) for m in ms[:4]] if ms[0]["times"] else None}
+
+    async def tokens():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as s:
+            engine_tok, cache, count = await engine_counter(s)
+            base = await stream_one(s, DIRECT, {"model": MODEL, "max_tokens": 1, "stream": True,
+                                                "stream_options": {"include_usage": True},
+                                                "messages": [{"role": "user", "content": [
+                                                    {"type": "text", "text": "hi"}]}]})
+            text_tokens = base["usage"]["prompt_tokens"]
+            for name, ms in vids.items():
+                m = ms[-1]                      # one not used by the timing cells
+                for kind, data, (n, fps, w, h) in (("raw", m["raw"], m["src"]), ("rewritten", m["out"], m["dst"])):
+                    idx = sample_indices(n, fps)
+                    await count([timestamp_text(t) for t in group_timestamps(idx, fps)])
+                    v = tokens_for_indices(idx, fps, w, h, count=lambda t: cache[t])
+                    r = await stream_one(s, DIRECT, video_chat(data, text="hi", max_tokens=1))
+                    got = r["usage"]["prompt_tokens"] if r.get("usage") else None
+                    row = {"clip": name, "sent": kind, "frames": v.frames, "size": f"{v.width}x{v.height}",
+                           "groups": v.groups, "tokens_per_group": v.tokens_per_group,
+                           "timestamp_tokens": v.timestamp_tokens, "predicted": text_tokens + v.total,
+                           "vllm_prompt_tokens": got, "exact": got == text_tokens + v.total,
+                           "text_tokens": text_tokens, "engine_tokenizer": engine_tok,
+                           "error": None if r["ok"] else r.get("error")}
+                    out["tokens"].append(row)
+                    print(json.dumps(row), flush=True)
+
+    asyncio.run(tokens())
+    modes = {"a_direct_raw": (DIRECT, "raw"), "b_direct_rewritten": (DIRECT, "out")}
+    if a.through_gateway:
+        modes["c_gateway_raw"] = (GATEWAY, "raw")
+    for name, ms in vids.items():
+        off = 0
+        for conc, n in plan:
+            cell = ms[off:off + n + 2]
+            off += n + 2
+            for mode, (base, key) in modes.items():
+                asyncio.run(run_cell(base, [video_chat(m[key]) for m in cell[n:]], 2))       # warm-up
+                res = asyncio.run(run_cell(base, [video_chat(m[key]) for m in cell[:n]], conc))
+                res.update(clip=name, conc=conc, mode=mode)
+                out["cells"].append(res)
+                print(f"{name:20s} conc {conc:2d} {mode:20s} TTFT p50 {res['ttft_p50_ms'] or 0:9.1f} ms  "
+                      f"{res['rps']:6.2f} req/s  ok {res['ok']}/{res['n']}  prompt_tokens {res['prompt_tokens']} "
+                      f"{res['errors'] or ''}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("cmd", choices=["images", "tokens", "affinity"])
+    ap.add_argument("cmd", choices=["images", "tokens", "affinity", "video"])
+    ap.add_argument("--small", action="store_true", help="video: small clips (a local run against the simulator)")
+    ap.add_argument("--through-gateway", action="store_true",
+                    help="video: also send raw clips through the gateway (once it rewrites video_url parts)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--policy", default="affinity")
@@ -298,7 +429,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    res = {"images": cmd_images, "tokens": cmd_tokens, "affinity": cmd_affinity}[a.cmd](a)
+    res = {"images": cmd_images, "tokens": cmd_tokens, "affinity": cmd_affinity, "video": cmd_video}[a.cmd](a)
     Path(a.out).write_text(json.dumps(res, indent=1))
 
 

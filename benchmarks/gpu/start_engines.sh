@@ -18,7 +18,7 @@ for i in $(seq 0 $((N - 1))); do
   [ "${SAME_GPU:-0}" = 1 ] && gpu=0
   CUDA_VISIBLE_DEVICES=$gpu setsid python3 -m vllm.entrypoints.openai.api_server --model "$S/x/model" \
     --served-model-name qwen3vl --load-format dummy --dtype bfloat16 --max-model-len 16384 \
-    --gpu-memory-utilization "${GPU_UTIL:-0.85}" --limit-mm-per-prompt '{"image": 4}' \
+    --gpu-memory-utilization "${GPU_UTIL:-0.85}" --limit-mm-per-prompt '{"image": 4, "video": 2}' \
     --enable-prefix-caching --enable-prompt-tokens-details --skip-mm-profiling \
     --host 127.0.0.1 --port "$port" "$@" > /root/vllm-$port.log 2>&1 &
   pids+=($!)

@@ -39,6 +39,8 @@ try {
     chunks: await page.$eval("#answer", (e) => Number(e.dataset.chunks || 0)),
     growth: await page.evaluate(() => window.__growth),
     after_image_natural: await page.$eval("#img-after", (i) => [i.naturalWidth, i.naturalHeight]),
+    frame_after: await text("frame-after"), grounding_after: await text("grounding-after"),
+    transform_header: await page.$eval("#frame-after", (e) => e.dataset.value),
   });
   await page.screenshot({ path: outDir + "/playground.png", fullPage: true });
 

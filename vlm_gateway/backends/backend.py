@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ..config import BackendConfig, UpstreamConfig
+from .scrape import ScrapeState, sources_for
 
 
 @dataclass(eq=False)
@@ -34,6 +35,8 @@ class Backend:
     engine_load: dict[str, float] = field(default_factory=dict)
     scraped_at: float = 0.0
     session: aiohttp.ClientSession | None = None
+    # where the engine's load is read: candidate endpoints and formats (scrape.py)
+    scrape_state: ScrapeState = field(default_factory=ScrapeState)
 
     @classmethod
     def from_config(cls, cfg: BackendConfig, index: int, profile: dict[str, Any] | None = None) -> "Backend":
@@ -42,10 +45,10 @@ class Backend:
             url += "/v1"
         parts = urlsplit(url)
         origin = f"{parts.scheme}://{parts.netloc}"
-        metrics = cfg.metrics_url or (f"{origin}/metrics" if cfg.engine in ("vllm", "trtllm", "sim") else "")
+        sources = sources_for(cfg.engine, origin, cfg.metrics_url, cfg.metrics_format)
         return cls(name=cfg.name or f"{parts.netloc}", base_url=url, engine=cfg.engine, api_key=cfg.api_key,
                    models=set(cfg.models), models_configured=bool(cfg.models), profile=dict(profile or {}),
-                   metrics_url=metrics)
+                   metrics_url=sources[0].url if sources else "", scrape_state=ScrapeState(sources))
 
     @property
     def origin(self) -> str:
@@ -69,6 +72,7 @@ class Backend:
                                              skip_auto_headers=("User-Agent",), raise_for_status=False)
 
     async def close(self) -> None:
+        self.scrape_state.cancel_pending()
         if self.session is not None:
             await self.session.close()
             self.session = None

@@ -7,11 +7,32 @@ vLLM (``vllm serve``, flags of vLLM 0.24): ``--max-model-len``, ``--max-num-seqs
 ``--enable-prefix-caching``, ``--quantization``, ``--cpu-offload-gb``,
 ``--max-num-batched-tokens``, ``--dtype``.
 
-TensorRT-LLM (``trtllm-serve MODEL``, PyTorch backend): ``--max_batch_size``,
-``--max_num_tokens``, ``--max_seq_len``, ``--kv_cache_free_gpu_memory_fraction``
-and ``--extra_llm_api_options FILE`` (YAML; accepted as ``--config`` by newer
-releases) for what has no flag: ``dtype`` and ``kv_cache_config.enable_block_reuse``.
-trtllm-serve has no image-size flag: the gateway's rewrite is the only budget.
+Video (``max_videos_per_prompt`` > 0): the processor kwargs go per modality
+(``images_kwargs`` / ``videos_kwargs``, transformers' ``ProcessorMixin._merge_kwargs``):
+a flat ``size`` would reach Qwen3-VL's video processor too, where ``longest_edge`` is the
+budget of *all* frames together, and shrink every video to a few hundred tokens.
+
+TensorRT-LLM (``trtllm-serve MODEL``, PyTorch backend; options of release 1.2.1,
+tensorrt_llm/commands/serve.py): ``--backend pytorch``, ``--max_batch_size``,
+``--max_num_tokens``, ``--max_seq_len``, ``--kv_cache_free_gpu_memory_fraction`` (a
+fraction of the memory left after the weights, not of the whole GPU as vLLM's
+``--gpu-memory-utilization``) and ``--extra_llm_api_options FILE`` (alias ``--config``
+from the 1.2 line on) for LLM API arguments without a flag:
+
+    kv_cache_config.enable_block_reuse   prefix (KV block) reuse; multimodal prompts are
+                                         hashed with their images (Qwen3-VL: supported)
+    enable_iter_perf_stats: true         fills /metrics with iteration statistics (the
+                                         PyTorch backend's default is false)
+    return_perf_metrics: true            mounts /prometheus/metrics (load gauges from the
+                                         1.3 pre-releases on)
+    dtype                                when the profile sets one
+
+Qwen3-VL (Qwen3VLForConditionalGeneration) is in the PyTorch backend from the 1.2 line,
+with chunked prefill and KV cache reuse; it needs no remote code (transformers 4.57.3,
+pinned by 1.2.1, has it). The backend reads quantization from the checkpoint, so a
+profile's ``quantization`` is a note to pick a quantized checkpoint, not an option.
+trtllm-serve has no image-size option: the gateway's rewrite is the only budget.
+Sources and versions: docs/TRTLLM.md.
 """
 
 from __future__ import annotations
@@ -26,6 +47,8 @@ from typing import Any
 
 from ..vision_tokens import QWEN3_MIN_PIXELS
 
+QWEN3_VIDEO_MIN_PIXELS = 4096   # Qwen3-VL's video_preprocessor_config.json size.shortest_edge
+
 
 def _compact(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), sort_keys=False)
@@ -33,13 +56,23 @@ def _compact(obj: Any) -> str:
 
 def mm_processor_kwargs(model: str, profile: dict[str, Any]) -> dict[str, Any] | None:
     px = int(profile.get("image_max_pixels") or 0)
-    if not px:
-        return None
-    low = model.lower()
-    if "qwen2" in low:  # Qwen2-VL / Qwen2.5-VL image processors read these two keys
-        return {"min_pixels": min(3136, px), "max_pixels": px}
-    # Qwen3-VL's processor reads size.{shortest,longest}_edge, both in pixels
-    return {"size": {"longest_edge": px, "shortest_edge": min(QWEN3_MIN_PIXELS, px)}}
+    vpx = int(profile.get("video_max_pixels") or 0)
+    video = int(profile.get("max_videos_per_prompt", 1) or 0) > 0
+    qwen2 = "qwen2" in model.lower()
+    image = None
+    if px:
+        # Qwen2-VL / Qwen2.5-VL image processors read min/max_pixels; Qwen3-VL size.{shortest,longest}_edge
+        image = ({"min_pixels": min(3136, px), "max_pixels": px} if qwen2 else
+                 {"size": {"longest_edge": px, "shortest_edge": min(QWEN3_MIN_PIXELS, px)}})
+    if not video:
+        return image
+    out: dict[str, Any] = {}
+    if image:
+        out["images_kwargs"] = image
+    if vpx:
+        out["videos_kwargs"] = ({"min_pixels": min(3136, vpx), "max_pixels": vpx} if qwen2 else
+                                {"size": {"longest_edge": vpx, "shortest_edge": min(QWEN3_VIDEO_MIN_PIXELS, vpx)}})
+    return out or None
 
 
 def vllm_command(model: str, profile: dict[str, Any], host: str = "0.0.0.0", port: int = 8000,
@@ -58,7 +91,8 @@ def vllm_command(model: str, profile: dict[str, Any], host: str = "0.0.0.0", por
     if p.get("dtype") and p["dtype"] != "auto":
         cmd += ["--dtype", p["dtype"]]
     if p.get("max_images_per_prompt"):
-        cmd += ["--limit-mm-per-prompt", _compact({"image": int(p["max_images_per_prompt"]), "video": 0})]
+        videos = int(p.get("max_videos_per_prompt", 1) or 0)
+        cmd += ["--limit-mm-per-prompt", _compact({"image": int(p["max_images_per_prompt"]), "video": videos})]
     kw = mm_processor_kwargs(model, p)
     if kw:
         cmd += ["--mm-processor-kwargs", _compact(kw)]
@@ -73,12 +107,14 @@ def vllm_command(model: str, profile: dict[str, Any], host: str = "0.0.0.0", por
 
 def trtllm_options(profile: dict[str, Any]) -> dict[str, Any]:
     """The ``--extra_llm_api_options`` YAML body (LLM API arguments without a flag)."""
-    opts: dict[str, Any] = {"kv_cache_config": {
-        "enable_block_reuse": bool(profile.get("enable_prefix_caching", True))}}
+    opts: dict[str, Any] = {
+        "kv_cache_config": {"enable_block_reuse": bool(profile.get("enable_prefix_caching", True))},
+        # the gateway's load figures: /metrics (JSON) and, in newer releases, /prometheus/metrics
+        "enable_iter_perf_stats": True,
+        "return_perf_metrics": True,
+    }
     if profile.get("dtype") and profile["dtype"] != "auto":
         opts["dtype"] = profile["dtype"]
-    if profile.get("quantization"):
-        opts["quant_config"] = {"quant_algo": profile["quantization"].upper()}
     return opts
 
 
@@ -93,7 +129,7 @@ def trtllm_command(model: str, profile: dict[str, Any], host: str = "0.0.0.0", p
     if p.get("max_model_len"):
         cmd += ["--max_seq_len", str(p["max_model_len"])]
     cmd += ["--kv_cache_free_gpu_memory_fraction", f"{float(p.get('gpu_memory_utilization') or 0.9):g}",
-            "--trust_remote_code", "--extra_llm_api_options", options_path]
+            "--extra_llm_api_options", options_path]
     cmd += list(p.get("engine_flags") or [])
     return cmd
 
@@ -130,6 +166,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if prof.get("quantization") and prof["quantization"].lower() not in args.model.lower():
         print(f"# note: profile {args.profile} expects a {prof['quantization']} checkpoint of the model",
               file=sys.stderr)
+    if prof.get("engine") == "trtllm" and prof.get("quantization"):
+        print("# note: trtllm-serve's PyTorch backend takes the quantization from the checkpoint "
+              "(e.g. a ModelOpt-quantized one); it is not passed as an option", file=sys.stderr)
     if args.dry_run:
         if opts:
             print(f"cat > {shlex.quote(opts_path)} <<'EOF'\n{opts}EOF")

@@ -8,9 +8,11 @@ failures with exponential back-off (a circuit breaker: closed -> open for
 ``eject_base_s * 2^k`` capped at ``eject_max_s`` -> half_open, where one
 success closes it and one failure opens it again for twice as long).
 
-Load: each engine's /metrics is scraped every ``routing.scrape_interval_s``
-(``scrape.py``) into ``Backend.engine_load``; ``router.least_loaded.load`` turns it
-into the normalised load the policies rank by.
+Load: each engine's load endpoint is scraped every ``routing.scrape_interval_s``
+(``scrape.py``: Prometheus text or trtllm-serve's iteration statistics) into
+``Backend.engine_load``, one loop per backend so that a slow endpoint (trtllm-serve's
+``/metrics`` answers late while the engine is busy) delays no other backend's figures;
+``router.least_loaded.load`` turns them into the normalised load the policies rank by.
 
 Admission: the profile filter (``admission.ProfileFilter``) drops backends that
 cannot take the request; a backend whose in-flight count reached its profile's
@@ -69,8 +71,9 @@ class Pool:
             await b.start(self.cfg.upstream)
         await asyncio.gather(*(self.probe(b) for b in self.backends))
         self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
-        if any(b.metrics_url for b in self.backends):
-            self._tasks.append(asyncio.create_task(self._scrape_loop(), name="scrape"))
+        for b in self.backends:
+            if b.scrape_state.sources:
+                self._tasks.append(asyncio.create_task(self._scrape_loop(b), name=f"scrape-{b.name}"))
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -88,12 +91,14 @@ class Pool:
             await asyncio.sleep(self.cfg.routing.health_interval_s)
             await asyncio.gather(*(self.probe(b) for b in self.backends), return_exceptions=True)
 
-    async def _scrape_loop(self) -> None:
+    async def _scrape_loop(self, b: Backend) -> None:
         interval = max(0.05, self.cfg.routing.scrape_interval_s)
         while True:
             t0 = time.monotonic()
-            await asyncio.gather(*(self.scrape(b) for b in self.backends if b.metrics_url),
-                                 return_exceptions=True)
+            try:
+                await self.scrape(b)
+            except Exception:  # a scrape bug must not stop the loop; the figures just go stale
+                log.exception("scrape of backend %s failed", b.name)
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
 
     async def scrape(self, b: Backend) -> None:
@@ -103,7 +108,7 @@ class Pool:
             figures["inflight_at_scrape"] = float(b.inflight)
             b.engine_load = figures
             b.scraped_at = time.monotonic()
-            for k in ("running", "waiting", "kv_usage"):
+            for k in ("running", "waiting", "kv_usage", "prefix_hits", "prefix_queries"):
                 if k in figures:
                     metrics.ENGINE_METRIC.labels(b.name, k).set(figures[k])
         metrics.BACKEND_LOAD.labels(b.name).set(load(b))

@@ -33,6 +33,8 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "enable_prefix_caching": (bool, True),
     "max_num_batched_tokens": (int, 0),
     "engine_flags": (list, []),
+    "max_videos_per_prompt": (int, 1),
+    "video_max_pixels": (int, 0),
 }
 ENGINES = ("vllm", "trtllm")
 _PATH = os.path.join(os.path.dirname(__file__), "profiles.yaml")

@@ -36,6 +36,7 @@ import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import litellm
 import pybase64
@@ -120,7 +121,8 @@ class ImageRewriteHook(CustomLogger):
     def policy_for(self, model: str, detail: str | None) -> Policy:
         name = model if model in self.images.models else model.split("/", 1)[-1]
         p = resolve(self.images, name, "default", detail)
-        return p if self.images.enabled else Policy(enabled=False)
+        # no border trim here: nothing maps the answer's coordinates back to the client's crop
+        return replace(p, trim_borders=False) if self.images.enabled else Policy(enabled=False)
 
     async def rewrite_request(self, data: dict) -> None:
         messages = data.get("messages")

@@ -2,7 +2,8 @@
 
 Each stage module exposes ``make(gateway) -> Stage | None`` (None = switched off by
 config) and optionally ``async start(gateway)``. The order is fixed here:
-auth and limits first, then images (L1), then the response cache (L3).
+auth and limits first, then the other media parts (video, audio), then images
+(L1), grounding (the coordinate frames the images leave), then the response cache (L3).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from . import Stage
 
 # module names under vlm_gateway.middleware, in order
-ORDER = ("auth", "ratelimit", "limits", "images.stage", "cache.stage")
+ORDER = ("auth", "ratelimit", "limits", "images.media", "images.stage", "grounding.stage", "cache.stage")
 
 
 def _modules():

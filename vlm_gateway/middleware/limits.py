@@ -1,8 +1,13 @@
-"""Request limits checked before any image is decoded: number of messages, images
-per request, total inline image bytes, and the max_tokens cap (per tenant, else
-global). Each refusal is a 4xx that names the limit; the body size itself is
-refused earlier with 413 by the endpoint. Pixels per image are checked by the
-image stage once the header is read (``images.max_source_pixels``).
+"""Request limits checked before any media is decoded or fetched: number of
+messages, media parts per kind (images -- image_url, input_image and allowed
+image_embeds --, videos, audios), the inline bytes of every media part per kind
+(data: payloads, input_audio, image_embeds; fetched bodies are added to the same
+totals as they stream, see ``images.inflight``), image_embeds unless allowed, the
+engine extras that change how media are read (``mm_processor_kwargs``,
+``media_io_kwargs``: pixel budgets, video frames) unless allowed, and the max_tokens cap (per tenant, else global). Each refusal is a 4xx that names
+the limit; the body size itself is refused earlier with 413 by the endpoint.
+Pixels per image are checked by the image stage once the header is read
+(``images.max_source_pixels``).
 
 A request that leaves ``max_tokens`` out gets the cap written in, so the engine's
 own default (often the whole context) cannot exceed it.
@@ -12,7 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..proxy.errors import BadRequest, PayloadTooLarge
+from ..proxy.errors import BadRequest
+from .images.inflight import for_gateway
+from .images.source import inline_size, payload_bytes
 
 if TYPE_CHECKING:
     from ..proxy.gateway import Gateway
@@ -21,33 +28,54 @@ if TYPE_CHECKING:
 
 def inline_bytes(url: str) -> int:
     """Decoded size of a ``data:`` URL's payload, from its length (no decoding)."""
-    if not url.startswith("data:"):
-        return 0
-    comma = url.find(",")
-    if comma < 0:
-        return 0
-    n = len(url) - comma - 1
-    if ";base64" in url[:comma]:
-        return n * 3 // 4
-    return n
+    return payload_bytes(url) if url[:5].lower() == "data:" else 0
+
+
+# kind -> (what, its count limit); image embeddings count as images
+# vLLM request extras that change how the engine reads media: a client could raise the
+# pixel budget (max_pixels) or the frames sampled past the gateway's limits
+MEDIA_KWARGS = ("mm_processor_kwargs", "media_io_kwargs")
+_COUNTS = {"image": ("images", "max_images_per_request"), "embeds": ("images", "max_images_per_request"),
+           "video": ("videos", "max_videos_per_request"), "audio": ("audios", "max_audios_per_request")}
 
 
 def make(gw: "Gateway"):
     lim = gw.cfg.limits
+    allow_embeds = gw.cfg.images.allow_image_embeds
+    budget = for_gateway(gw)
 
     async def limits(req: "ChatRequest"):
         if req.route == "chat" and lim.max_messages and len(req.body["messages"]) > lim.max_messages:
             raise BadRequest(f"Too many messages: {len(req.body['messages'])} > limit max_messages "
                              f"({lim.max_messages})", param="messages", code="too_many_messages")
-        if lim.max_images_per_request and len(req.images) > lim.max_images_per_request:
-            raise BadRequest(f"Too many images: {len(req.images)} > limit max_images_per_request "
-                             f"({lim.max_images_per_request})", param="messages", code="too_many_images")
-        if lim.max_total_image_bytes and req.images:
-            total = sum(inline_bytes(p.url) for p in req.images)
-            if total > lim.max_total_image_bytes:
-                raise PayloadTooLarge(f"Inline images total {total} bytes > limit max_total_image_bytes "
-                                      f"({lim.max_total_image_bytes})", param="messages",
-                                      code="image_bytes_too_large", reason="image_bytes_too_large")
+        if not req.media:
+            return _tokens(req)
+        if not lim.allow_media_kwargs:  # (without media parts they change nothing)
+            for k in MEDIA_KWARGS:
+                if req.body.get(k) is not None:
+                    raise BadRequest(f"'{k}' changes how the engine reads images and video past this gateway's "
+                                     "limits and is refused with media parts; set limits.allow_media_kwargs: "
+                                     "true (VLM_GATEWAY_LIMITS__ALLOW_MEDIA_KWARGS=true) to forward it",
+                                     param=k, code="unsupported_parameter")
+        counts: dict[str, int] = {}
+        for p in req.media:
+            if p.kind == "embeds" and not allow_embeds:
+                raise BadRequest(f"{p.param}: image_embeds parts are refused by default (the gateway cannot check "
+                                 "tensors: no pixel or token limit applies to them); set "
+                                 "images.allow_image_embeds: true (VLM_GATEWAY_IMAGES__ALLOW_IMAGE_EMBEDS=true) "
+                                 "to accept them", param=p.param, code="image_embeds_not_allowed")
+            what, key = _COUNTS[p.kind]
+            n = counts[what] = counts.get(what, 0) + 1
+            cap = getattr(lim, key)
+            if cap and n > cap:
+                total = sum(1 for q in req.media if _COUNTS[q.kind][0] == what)
+                raise BadRequest(f"Too many {what}: {total} > limit {key} ({cap})", param="messages",
+                                 code=f"too_many_{what}")
+        for p in req.media:  # inline bytes, before anything is decoded (fetched bodies add later)
+            budget.count(req, p, inline_size(p))
+        return _tokens(req)
+
+    def _tokens(req: "ChatRequest"):
         t = req.state.get("tenant_cfg")
         cap = (t.max_tokens_cap if t is not None and t.max_tokens_cap else 0) or lim.max_tokens_cap
         if cap:

@@ -78,7 +78,8 @@ def _completion_path(summary: str, schema_ref: str) -> dict[str, Any]:
                     "headers": {h: {"schema": {"type": "string"}} for h in (
                         "x-request-id", "x-vlm-gateway-overhead-ms", "x-vlm-gateway-backend",
                         "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
-                        "x-ratelimit-reset-requests")}},
+                        "x-ratelimit-reset-requests", "x-vlm-gateway-grounding",
+                        "x-vlm-gateway-image-transform-1")}},
             **_errors(400, 401, 403, 404, 413, 429, 502, 503, 504)}}}
 
 

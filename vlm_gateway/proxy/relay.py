@@ -213,6 +213,8 @@ class Relay:
         except ValueError:
             self._release(b, failed=True)
             raise BadGateway(f"Backend {b.name} returned a malformed response", code="upstream_malformed") from None
+        if req.response_transform is not None and req.response_transform.completion(completion):
+            body = orjson.dumps(completion)
         self._done(req, b, t_sent, completion.get("usage"))
         for hook in req.on_complete:
             await hook(req, completion)
@@ -236,6 +238,7 @@ class Relay:
         if not out.started:
             await out.start(200, self.gw.response_headers(req, b"text/event-stream"))
         watcher = StreamWatcher(assemble=bool(req.on_complete))
+        tf = req.response_transform.stream() if req.response_transform is not None else None
         it = resp.content.iter_any().__aiter__()
         ok = False
         failed = False
@@ -257,12 +260,17 @@ class Relay:
                 chunk = b""
             metrics.UPSTREAM_TTFT.labels(b.name).observe(time.perf_counter() - t_sent)
             while chunk:
+                if tf is not None:
+                    chunk = tf.feed(chunk)
                 watcher.feed(chunk)
                 await out.body(chunk)
                 try:
                     chunk = await it.__anext__()
                 except StopAsyncIteration:
                     break
+            if tf is not None and (chunk := tf.close()):
+                watcher.feed(chunk)
+                await out.body(chunk)
             ok = watcher.done and watcher.error is None
             if not watcher.done:
                 raise BadGateway(f"Backend {b.name} ended the stream early", code="upstream_disconnected")

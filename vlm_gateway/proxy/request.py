@@ -4,50 +4,125 @@ left untouched in ``body`` and forwarded as is (vLLM extras included)."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 import orjson
 
 from .errors import BadRequest
 
-# Content-part types an OpenAI-compatible VLM server understands; others are refused
-# rather than silently dropped by the engine.
-PART_TYPES = frozenset({
-    "text", "image_url", "input_audio", "audio_url", "video_url", "image_embeds",
-    "image_pil", "file", "refusal", "input_image", "input_text",
-})
+# Content-part types and where each keeps what the engine reads. Text parts carry
+# text only; every other accepted type carries media and becomes a ``MediaPart``
+# that the media stages police (fetch policy, limits, identity) or refuse.
+TEXT_PARTS = {"text": "text", "input_text": "text", "refusal": "refusal"}
+# type -> (kind, key holding the media)
+MEDIA_PARTS: dict[str, tuple[str, str]] = {
+    "image_url": ("image", "image_url"),
+    "input_image": ("image", "image_url"),   # Responses-style: image_url is a string
+    "video_url": ("video", "video_url"),
+    "audio_url": ("audio", "audio_url"),
+    "input_audio": ("audio", "input_audio"),  # {"data": base64, "format": "wav"}
+    "image_embeds": ("embeds", "image_embeds"),
+    "image_pil": ("pil", "image_pil"),
+    "file": ("file", "file"),
+}
+PART_TYPES = frozenset(TEXT_PARTS) | frozenset(MEDIA_PARTS)
+# Keys under which an engine finds media in a part whatever its type (vLLM reads them
+# by key when a part has a ``uuid`` or no type). A part may carry only its own one.
+MEDIA_KEYS = frozenset({"image_url", "video_url", "audio_url", "input_audio", "image_embeds", "audio_embeds",
+                        "prompt_embeds", "image_pil", "file"})
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_AUDIO_FORMAT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]{0,31}")
 
 
 @dataclass(slots=True)
-class ImagePart:
-    """One ``image_url`` content part, addressed by its position."""
+class MediaPart:
+    """One content part that carries media, addressed by its position. ``kind`` is
+    image | video | audio | embeds | pil | file; ``ptype`` the part's type."""
 
     message: int
     index: int
     part: dict[str, Any]
-    # Filled by the image stage.
+    # Filled by the media stages.
     content_hash: str = ""
     width: int = 0
     height: int = 0
     source_bytes: int = 0
     tokens_before: int = 0
     tokens_after: int = 0
+    kind: str = "image"
+    ptype: str = "image_url"
 
     @property
     def param(self) -> str:
-        return f"messages[{self.message}].content[{self.index}].image_url"
+        return f"messages[{self.message}].content[{self.index}].{self.ptype}"
+
+    @property
+    def key(self) -> str:
+        """The key of ``part`` that holds the media."""
+        return MEDIA_PARTS[self.ptype][1]
 
     @property
     def url(self) -> str:
-        iu = self.part.get("image_url")
-        return iu if isinstance(iu, str) else iu.get("url", "")
+        """The URL (http(s) or data:) of a URL-carrying part; "" for others."""
+        v = self.part.get(self.key)
+        if isinstance(v, str):
+            return v
+        if isinstance(v, dict) and self.ptype in ("image_url", "video_url", "audio_url"):
+            u = v.get("url")
+            return u if isinstance(u, str) else ""
+        return ""
+
+    def set_url(self, url: str) -> None:
+        """Write the URL to send back in the shape the client used."""
+        v = self.part.get(self.key)
+        if isinstance(v, dict):
+            v["url"] = url
+        else:
+            self.part[self.key] = url
+
+    @property
+    def detail(self) -> str | None:
+        if self.ptype == "input_image":
+            d = self.part.get("detail")
+        else:
+            v = self.part.get(self.key)
+            d = v.get("detail") if isinstance(v, dict) else None
+        return d if isinstance(d, str) else None
+
+
+# Most of the code deals with images only; an image part is a media part of kind "image".
+ImagePart = MediaPart
 
 
 Hook = Callable[..., Awaitable[None]]
+
+
+class StreamTransform(Protocol):
+    def feed(self, data: bytes) -> bytes: ...  # relayed SSE bytes in, bytes to send out
+    def close(self) -> bytes: ...  # at the end of the upstream body: what is still held
+
+
+class ResponseTransform(Protocol):
+    """A per-request rewrite of the answer that the relay applies before the client
+    (and the response cache) sees it: a complete completion is changed in place
+    (True if it changed); a stream's bytes go through ``stream()``."""
+
+    def completion(self, completion: dict[str, Any]) -> bool: ...
+    def stream(self) -> StreamTransform: ...
+
+
+@dataclass(slots=True)
+class MediaTally:
+    """Media bytes of one request: per kind (data: payloads and fetched bodies, for
+    the per-request totals) and held (reserved from the process-wide bound on
+    bytes in flight, given back when the request ends)."""
+
+    by_kind: dict[str, int] = field(default_factory=dict)
+    held: int = 0
 
 
 @dataclass(slots=True)
@@ -76,6 +151,18 @@ class ChatRequest:
     state: dict[str, Any] = field(default_factory=dict)
     # Gateway-side CPU/wait time spent outside the upstream call (seconds).
     upstream_s: float = 0.0
+    # Every media part (images included, in order); ``images`` is its image subset.
+    media: list[MediaPart] = field(default_factory=list)
+    # Media bytes this request counts against its limits and holds in memory.
+    media_bytes: MediaTally = field(default_factory=MediaTally)
+
+    def visual_items(self) -> int:
+        """Parts a per-minute image limit counts: images, videos, image embeddings."""
+        return len(self.images) + sum(1 for p in self.media if p.kind in ("video", "embeds"))
+    # The coordinate plan of a request with images (middleware.grounding.plan.GroundingPlan).
+    grounding: Any = None
+    # Set by a stage to rewrite the answer text; None keeps the plain byte relay.
+    response_transform: ResponseTransform | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -127,6 +214,50 @@ def _common(body: dict) -> tuple[str, bool]:
     return model, bool(body.get("stream"))
 
 
+def _url_of(v: Any, p: str, key: str) -> None:
+    url = v if isinstance(v, str) else v.get("url") if isinstance(v, dict) else None
+    if not isinstance(url, str) or not url:
+        raise BadRequest(f"{p}.{key}.url must be a non-empty string", param=f"{p}.{key}", code="invalid_type")
+
+
+def _media_part(i: int, j: int, part: dict, ptype: str, p: str) -> MediaPart:
+    kind, key = MEDIA_PARTS[ptype]
+    v = part.get(key)
+    if ptype in ("image_url", "video_url", "audio_url"):
+        _url_of(v, p, key)
+        if ptype == "image_url" and isinstance(v, dict) and "detail" in v and v["detail"] not in ("auto", "low", "high"):
+            raise BadRequest(f"{p}.image_url.detail must be auto, low or high",
+                             param=f"{p}.image_url.detail", code="invalid_value")
+    elif ptype == "input_image":
+        if not isinstance(v, str) or not v:
+            raise BadRequest(f"{p}.image_url must be a non-empty URL string (file_id references are not "
+                             "supported: send the image itself)", param=f"{p}.input_image", code="invalid_type")
+        if part.get("detail") not in (None, "auto", "low", "high"):
+            raise BadRequest(f"{p}.detail must be auto, low or high", param=f"{p}.detail", code="invalid_value")
+    elif ptype == "input_audio":
+        if not isinstance(v, dict) or not isinstance(v.get("data"), str) or not v["data"]:
+            raise BadRequest(f"{p}.input_audio.data must be a non-empty base64 string",
+                             param=f"{p}.input_audio", code="invalid_type")
+        fmt = v.get("format")
+        if not isinstance(fmt, str) or not _AUDIO_FORMAT.fullmatch(fmt):
+            raise BadRequest(f"{p}.input_audio.format must be an audio format name such as wav or mp3",
+                             param=f"{p}.input_audio", code="invalid_value")
+    elif ptype == "image_embeds":
+        if not (isinstance(v, str) and v) and not (isinstance(v, dict) and v and
+                                                    all(isinstance(x, str) for x in v.values())):
+            raise BadRequest(f"{p}.image_embeds must be a base64 string or an object of base64 strings",
+                             param=f"{p}.image_embeds", code="invalid_type")
+    elif ptype == "image_pil":
+        raise BadRequest(f"{p}: image_pil parts hold an in-process Python image, which an HTTP request cannot "
+                         "carry; send the image as an image_url part with a data: URI",
+                         param=f"{p}.image_pil", code="unsupported_content_part")
+    elif ptype == "file":
+        raise BadRequest(f"{p}: file parts are not read by the engines behind this gateway; send images as "
+                         "image_url parts (data: URI or http(s) URL)", param=f"{p}.file",
+                         code="unsupported_content_part")
+    return MediaPart(i, j, part, kind=kind, ptype=ptype)
+
+
 def parse_chat(raw: bytes, headers: dict[str, str], request_id: str | None = None) -> ChatRequest:
     body = parse_json(raw)
     model, stream = _common(body)
@@ -134,7 +265,8 @@ def parse_chat(raw: bytes, headers: dict[str, str], request_id: str | None = Non
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty array", param="messages",
                          code="invalid_type" if "messages" in body else "missing_required_parameter")
-    images: list[ImagePart] = []
+    images: list[MediaPart] = []
+    media: list[MediaPart] = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise BadRequest(f"messages[{i}] must be an object, got {_type(msg)}", param=f"messages[{i}]",
@@ -155,23 +287,28 @@ def parse_chat(raw: bytes, headers: dict[str, str], request_id: str | None = Non
                 raise BadRequest(f"{p} must be an object, got {_type(part)}", param=p, code="invalid_type")
             ptype = part.get("type")
             if not isinstance(ptype, str) or ptype not in PART_TYPES:
-                raise BadRequest(f"{p}.type {ptype!r} is not a supported content-part type",
+                raise BadRequest(f"{p}.type {ptype!r} is not a supported content-part type (supported: "
+                                 f"{', '.join(sorted(PART_TYPES - {'image_pil', 'file'}))})",
                                  param=f"{p}.type", code="invalid_value")
-            if ptype == "text":
-                if not isinstance(part.get("text"), str):
-                    raise BadRequest(f"{p}.text must be a string", param=f"{p}.text", code="invalid_type")
-            elif ptype == "image_url":
-                iu = part.get("image_url")
-                url = iu if isinstance(iu, str) else iu.get("url") if isinstance(iu, dict) else None
-                if not isinstance(url, str) or not url:
-                    raise BadRequest(f"{p}.image_url.url must be a non-empty string", param=f"{p}.image_url",
-                                     code="invalid_type")
-                if isinstance(iu, dict) and "detail" in iu and iu["detail"] not in ("auto", "low", "high"):
-                    raise BadRequest(f"{p}.image_url.detail must be auto, low or high",
-                                     param=f"{p}.image_url.detail", code="invalid_value")
-                images.append(ImagePart(i, j, part))
+            for k in part:
+                if k == "uuid" and part[k] is not None:
+                    raise BadRequest(f"{p}.uuid is not accepted: it lets the engine reuse media it cached under a "
+                                     "client-chosen id, which the gateway cannot check; send the media itself",
+                                     param=f"{p}.uuid", code="media_uuid_not_allowed")
+                if k in MEDIA_KEYS and MEDIA_PARTS.get(ptype, ("", ""))[1] != k:
+                    raise BadRequest(f"{p} is a {ptype!r} part but also carries {k!r}; send each image, video "
+                                     "or audio as its own part", param=f"{p}.{k}", code="unexpected_media_field")
+            if ptype in TEXT_PARTS:
+                key = TEXT_PARTS[ptype]
+                if not isinstance(part.get(key), str):
+                    raise BadRequest(f"{p}.{key} must be a string", param=f"{p}.{key}", code="invalid_type")
+                continue
+            mp = _media_part(i, j, part, ptype, p)
+            media.append(mp)
+            if mp.kind == "image":
+                images.append(mp)
     return ChatRequest(body=body, route="chat", model=model, stream=stream, headers=headers,
-                       request_id=request_id or uuid.uuid4().hex, images=images)
+                       request_id=request_id or uuid.uuid4().hex, images=images, media=media)
 
 
 def parse_completion(raw: bytes, headers: dict[str, str], request_id: str | None = None) -> ChatRequest:

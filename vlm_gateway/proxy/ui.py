@@ -20,6 +20,7 @@ import asyncio
 import binascii
 import hashlib
 import hmac
+import inspect
 import re
 import time
 from pathlib import Path
@@ -133,7 +134,12 @@ async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: 
     image = ImagePart(0, 0, part)
     req = ChatRequest(body=body, route="chat", model=model, stream=False, headers={},
                       request_id="ui-rewrite", images=[image])
-    await rewriter(req)
+    try:
+        await rewriter(req)
+    finally:
+        for cb in req.on_finish:  # give back the media bytes the stage held for this request
+            if inspect.isawaitable(r := cb(req)):
+                await r
     plan = req.state.get("images") or {}
     info: dict[str, Any] = {"tokens_before": image.tokens_before, "tokens_after": image.tokens_after}
     if plan.get("results"):

@@ -126,6 +126,7 @@ async function ask(model, detail) {
     const err = await r.json().catch(() => ({}));
     throw new Error((err.error && err.error.message) || ("HTTP " + r.status));
   }
+  showFrame(r.headers.get("x-vlm-gateway-image-transform-1"), r.headers.get("x-vlm-gateway-grounding"));
   const reader = r.body.getReader();
   const dec = new TextDecoder();
   let buf = "", ttft = null, usage = null, chunks = 0;
@@ -163,6 +164,37 @@ async function ask(model, detail) {
   ];
   if (usage) parts.push(`prompt tokens ${usage.prompt_tokens}, completion tokens ${usage.completion_tokens}`);
   $("answer-meta").textContent = parts.join(" · ");
+}
+
+// The transform header: "part=..; client=WxH; crop=l,t,r,b; sent=WxH; scale=sx,sy[; model=WxH]".
+function parseTransform(value) {
+  const out = {};
+  for (const item of (value || "").split(";")) {
+    const [k, v] = item.trim().split("=");
+    if (v !== undefined) out[k] = v;
+  }
+  return out;
+}
+
+function showFrame(transform, grounding) {
+  const t = parseTransform(transform);
+  const el = $("frame-after");
+  if (!t.crop) {
+    el.textContent = transform ? "unknown (sent as a URL)" : "–";
+  } else {
+    const [l, tp, rt, b] = t.crop.split(",").map(Number);
+    const [cw, ch] = t.client.split("x").map(Number);
+    const [sx, sy] = t.scale.split(",").map(Number);
+    const whole = l === 0 && tp === 0 && rt === cw && b === ch;
+    el.textContent = (whole ? "whole image" : `crop ${l},${tp} → ${rt},${b} of ${cw} × ${ch}`) +
+      ` · ×${sx.toFixed(3)} / ×${sy.toFixed(3)}`;
+  }
+  el.dataset.value = transform || "";
+  const g = parseTransform(grounding);
+  $("grounding-after").textContent = grounding
+    ? `${g.mapping === "on" ? "mapped to your image" : g.mapping === "off" ? "not mapped (" + g.reason + ")" : "mapped where the answer names its image"} · ${g.convention}`
+    : "–";
+  $("grounding-after").dataset.value = grounding || "";
 }
 
 // -- status -------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ Prefix keys are chained hashes over the conversation, one key after every
 content part (and every plain-string message):
 
     k_0 = H(model)
-    k_j = H(k_{j-1} || role || part_j)   part = text, or an image's content hash
+    k_j = H(k_{j-1} || role || part_j)   part = text, or a media part's content hash
+    H   = BLAKE3-256, incremental (vlm_gateway.hashing)
 
 so the key after the last part of turn n is also a prefix key of turn n+1 (same
 leading messages + the assistant reply + the new user turn). ``tokens_j`` is the
@@ -47,6 +48,7 @@ from collections import OrderedDict
 import orjson
 
 from ... import metrics
+from ...hashing import content_digest, hasher
 from ...vision_tokens import MARKER_TOKENS, estimate_text_tokens, visual_tokens
 from . import register
 from .least_loaded import DEFAULT_CAPACITY, load, rank_by_load
@@ -73,9 +75,9 @@ def _image_tokens(img) -> int:
 def _image_identity(img, part: dict) -> bytes:
     if img is not None and img.content_hash:
         return img.content_hash.encode()
-    iu = part.get("image_url")
-    url = iu if isinstance(iu, str) else (iu or {}).get("url", "") if isinstance(iu, dict) else ""
-    return hashlib.blake2b(url.encode("utf-8", "replace"), digest_size=16).digest()
+    if img is not None and img.url:
+        return content_digest(img.url.encode("utf-8", "replace"))
+    return content_digest(orjson.dumps(part, option=orjson.OPT_SORT_KEYS))
 
 
 def prefix_keys(req, include_images: bool = True) -> tuple[list[tuple[bytes, int]], int]:
@@ -84,7 +86,7 @@ def prefix_keys(req, include_images: bool = True) -> tuple[list[tuple[bytes, int
     cached = req.state.get(slot)
     if cached is not None:
         return cached
-    h = hashlib.blake2b(digest_size=16)
+    h = hasher()
     h.update(req.model.encode())
     keys: list[tuple[bytes, int]] = []
     tokens = 0
@@ -98,6 +100,7 @@ def prefix_keys(req, include_images: bool = True) -> tuple[list[tuple[bytes, int
         req.state[slot] = result
         return result
     images = {(i.message, i.index): i for i in req.images}
+    media = {(i.message, i.index): i for i in req.media if i.kind != "image"}
     root = None
     for mi, msg in enumerate(req.body.get("messages") or ()):
         if not isinstance(msg, dict):
@@ -125,12 +128,15 @@ def prefix_keys(req, include_images: bool = True) -> tuple[list[tuple[bytes, int
                 text = part.get("text") or ""
                 h.update(b"\x02" + text.encode())
                 tokens += estimate_text_tokens(text)
-            elif ptype == "image_url":
+            elif (mi, pi) in images or ptype == "image_url":
                 if not include_images:
                     continue  # as a text-only router does: the image is invisible
                 img = images.get((mi, pi))
                 h.update(b"\x03" + _image_identity(img, part))
                 tokens += _image_tokens(img)
+            elif (mi, pi) in media:  # video, audio: by the identity of the bytes sent
+                h.update(b"\x04" + _image_identity(media[(mi, pi)], part))
+                tokens += MARKER_TOKENS
             else:
                 h.update(orjson.dumps(part, option=orjson.OPT_SORT_KEYS))
                 tokens += MARKER_TOKENS

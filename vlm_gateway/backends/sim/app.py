@@ -1,7 +1,14 @@
 """The simulator's HTTP surface: an OpenAI-compatible server shaped like vLLM's.
 
+Load endpoints: in vLLM mode ``GET /metrics`` is vLLM's Prometheus text; in
+TensorRT-LLM mode (``--engine trtllm``) ``GET /metrics`` is trtllm-serve's JSON
+iteration statistics and ``GET /prometheus/metrics`` its Prometheus series, per
+release line (trtllm.py).
+
 It is a test instrument: its text is filler (or, in echo mode, the last user
-text followed by filler), never a model's answer. ``usage`` reports the
+text followed by filler), never a model's answer; in grounding mode a request
+with images is answered like a perfect locator of the colour markers in the
+images it received (see ``grounding``). ``usage`` reports the
 simulated prompt tokens (text estimate + real visual tokens of each image) and
 ``prompt_tokens_details.cached_tokens`` the prefix-cache hit.
 
@@ -43,7 +50,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from .engine import SimEngine
-from .prompt import PromptError, build_prompt, image_urls
+from .grounding import answer_for, pieces
+from .prompt import PromptError, build_prompt, decode_data_uri, image_urls
 
 WORDS = ("lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore "
          "et dolore magna aliqua").split()
@@ -95,7 +103,9 @@ async def _fetch_images(urls: list[str]) -> dict[str, bytes]:
 
 
 def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: bool = False,
-                   keep_requests: int = 256) -> Starlette:
+                   keep_requests: int = 256, grounding: str = "") -> Starlette:
+    """``grounding``: a coordinate convention (grounding.CONVENTIONS) to answer requests with
+    images like a perfect locator in it; empty = filler text."""
     received: deque = deque()
     received_bytes = [0]
     prompts: deque = deque(maxlen=keep_requests)
@@ -168,6 +178,13 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         toks = tokens_for(body, max_tokens)
+        finish = "length"
+        if grounding and chat and spec.images:
+            urls = image_urls(body)
+            data = [decode_data_uri(u) if u.startswith("data:") else fetched[u] for u in urls]
+            toks = pieces(await asyncio.to_thread(answer_for, data, _last_user_text(body), grounding))
+            if len(toks) <= max_tokens:
+                max_tokens, finish = len(toks), "stop"
         die_mid = take("die_mid_stream")
         malformed = take("malformed_next")
         job = engine.submit(spec, max_tokens)
@@ -205,10 +222,10 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
             text = "".join(toks[:job.generated])
             if chat:
                 choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                          "logprobs": None, "finish_reason": "length"}
+                          "logprobs": None, "finish_reason": finish}
                 obj = "chat.completion"
             else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
                 obj = "text_completion"
             return _json({"id": rid, "object": obj, "created": created, "model": model_name,
                           "choices": [choice], "usage": usage()})
@@ -240,7 +257,7 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
                         yield b"data: {not json\n\n"
                     yield chunk({"content": toks[i]} if chat else toks[i])
                     i += 1
-                yield chunk({} if chat else "", finish="length")
+                yield chunk({} if chat else "", finish=finish)
                 if include_usage:
                     o = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                          "created": created, "model": model_name, "choices": [], "usage": usage()}
@@ -262,7 +279,20 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
         return Response(b"", status_code=200)
 
     async def metrics(request: Request) -> Response:
+        if engine.trtllm is not None:   # trtllm-serve: FastAPI JSONResponse of the drained stats queue
+            return _json(await engine.trtllm.log.read())
         return Response(engine.render_metrics(model_name), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def version(request: Request) -> Response:
+        if engine.trtllm is None:
+            return Response(b'{"detail":"Not Found"}', status_code=404, media_type="application/json")
+        return _json({"version": f"simulator (trtllm-serve {engine.trtllm.release} formats)"})
+
+    async def prometheus_metrics(request: Request) -> Response:
+        if engine.trtllm is None:
+            return Response(b'{"detail":"Not Found"}', status_code=404, media_type="application/json")
+        return Response(engine.trtllm.render_prometheus(model_name),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def sim_requests(request: Request) -> Response:
         return _json([b for b, _ in received])
@@ -327,6 +357,9 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/prometheus/metrics", prometheus_metrics, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
+        Route("/prometheus/metrics/", prometheus_metrics, methods=["GET"]),
         Route("/sim/requests", sim_requests, methods=["GET"]),
         Route("/sim/prompts", sim_prompts, methods=["GET"]),
         Route("/sim/stats", sim_stats, methods=["GET"]),

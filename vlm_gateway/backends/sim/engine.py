@@ -89,6 +89,10 @@ other is 768x576 c16 TTFT (x1.37): that cell answered faster than 768x448 c16
 with more pixels and tokens, which this model, whose costs grow with both,
 cannot follow.
 
+In TensorRT-LLM mode (``engine="trtllm"``) each step also records an IterationStats
+entry and completions feed trtllm-serve's Prometheus series (trtllm.py); the timing
+model is the same.
+
 ``time_scale`` multiplies every delay (0.1 = ten times faster than real time).
 Stages pace themselves on a running schedule, so a busy event loop's lag is
 caught up (up to 0.25 s) instead of accumulating. Latency metrics are in
@@ -173,6 +177,7 @@ class Job:
         self.t_arrival = engine.now()
         self.t_ready = self.t_arrival   # scheduled time it is due at its next stage
         self.t_first: float | None = None
+        self.t_admitted: float | None = None
         self._queue: asyncio.Queue[int] = asyncio.Queue()
 
     @property
@@ -241,9 +246,16 @@ class _SerialStage:
 
 
 class SimEngine:
-    def __init__(self, profile: SimProfile, engine: str = "vllm") -> None:
+    def __init__(self, profile: SimProfile, engine: str = "vllm", trtllm_release: str = "1.2") -> None:
         self.profile = profile
         self.engine = engine
+        # TensorRT-LLM mode: trtllm-serve's iteration statistics and Prometheus series (trtllm.py)
+        self.trtllm = None
+        if engine == "trtllm":
+            from .trtllm import TrtllmSurface
+            self.trtllm = TrtllmSurface(self, trtllm_release)
+        elif engine != "vllm":
+            raise ValueError(f"unknown simulator engine {engine!r}; known: vllm, trtllm")
         self.cache = PrefixCache(profile.kv_capacity_tokens // BLOCK_SIZE, profile.enable_prefix_caching)
         self.mm_cache: OrderedDict[bytes, int] = OrderedDict()    # digest -> visual tokens
         self.arriving: list[Job] = []
@@ -253,6 +265,7 @@ class SimEngine:
         self.running: list[Job] = []
         self._wake_step: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
+        self.admitted_in_step = self.completed_in_step = 0
         self.reset_stats()
 
     # -- counters -------------------------------------------------------------
@@ -266,6 +279,8 @@ class SimEngine:
         self.cache.queries = self.cache.hits = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
+        if getattr(self, "trtllm", None) is not None:
+            self.trtllm.reset()
 
     @staticmethod
     def now() -> float:
@@ -290,14 +305,17 @@ class SimEngine:
                 "time_scale": self.profile.time_scale}
 
     def render_metrics(self, model: str) -> bytes:
+        """vLLM mode's /metrics (Prometheus text)."""
         from .metrics_text import render
-        return render(self, model, self.engine)
+        return render(self, model)
 
     # -- request lifecycle ----------------------------------------------------
     def submit(self, spec: PromptSpec, max_tokens: int) -> Job:
         """Queue a request (call from the event loop that serves it)."""
         self._ensure_tasks()
         self.received += 1
+        if self.trtllm is not None:
+            self.trtllm.submitted()
         job = Job(self, spec, max_tokens)
         delay = self.profile.request_latency_s * self.profile.time_scale
         job.t_ready = job.t_arrival + delay
@@ -374,12 +392,11 @@ class SimEngine:
         cost = p.cpu_base_s
         job.needs_transfer = False
         for img in job.spec.images:
-            mpx = img.pixels / 1e6
-            cost += p.cpu_decode_s_per_mpx * mpx
+            cost += p.cpu_decode_s_per_mpx * img.decode_mpx      # a video: every frame the loader grabs
             if img.digest in self.mm_cache:
                 self.mm_cache.move_to_end(img.digest)
             else:
-                cost += p.cpu_preproc_s_per_mpx * mpx
+                cost += p.cpu_preproc_s_per_mpx * img.preproc_mpx   # a video: its sampled frames
                 job.transfer_ktok += img.tokens / 1000.0
                 job.needs_transfer = p.ipc_s_per_ktok > 0
                 self.mm_cache[img.digest] = img.tokens
@@ -401,7 +418,8 @@ class SimEngine:
             if img.start < hi and img.start + img.tokens > lo:
                 job.encoded.add(i)
                 kt = img.tokens / 1000.0
-                cost += p.vit_base_s + p.vit_s_per_ktok * kt + p.vit_quad_s_per_ktok2 * kt * kt
+                kg = kt / img.groups      # a video's frame pairs attend within themselves
+                cost += p.vit_base_s + p.vit_s_per_ktok * kt + p.vit_quad_s_per_ktok2 * kg * kt
         return cost
 
     def _schedule(self) -> tuple[list[Job], list[tuple[Job, int]], float]:
@@ -425,6 +443,8 @@ class SimEngine:
             self.waiting.popleft()
             j.alloc, j.cached_tokens = got
             j.computed = j.cached_tokens
+            j.t_admitted = self.now()
+            self.admitted_in_step += 1
             j.state = "running"
             self.running.append(j)
             n = min(budget, j.spec.num_tokens - j.computed)
@@ -453,9 +473,12 @@ class SimEngine:
             job.state = "done"
             self._release(job)
             self.finished += 1
+            self.completed_in_step += 1
             self.prompt_tokens_total += job.spec.num_tokens
             self.generation_tokens_total += job.generated
             self.e2e.observe((self.now() - job.t_arrival) / self.profile.time_scale)
+            if self.trtllm is not None:
+                self.trtllm.finished(job, self.now(), self.profile.time_scale)
 
     async def _step_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -466,6 +489,8 @@ class SimEngine:
                 await self._wake_step.wait()
                 clock.idle()
                 continue
+            running_before = len(self.running)
+            self.admitted_in_step = self.completed_in_step = 0
             decode, chunks, dt = self._schedule()
             if not decode and not chunks:
                 # admitted nothing (KV pool full and nobody running): wait for a change
@@ -484,6 +509,13 @@ class SimEngine:
                 if j.computed >= j.spec.num_tokens:
                     self.cache.commit(j.alloc, j.spec.block_hashes)
                     self._emit(j)
+            if self.trtllm is not None:
+                # counted as the PyTorch executor does: requests active when the step began
+                # (those admitted in it included), the queue as it is when the step ends
+                self.trtllm.step(running=running_before + self.admitted_in_step, waiting=len(self.waiting),
+                                 admitted=self.admitted_in_step, completed=self.completed_in_step,
+                                 decode=len(decode), prefill=len(chunks), prefill_tokens=sum(n for _, n in chunks),
+                                 latency_s=dt, now=self.now())
 
 
 class _Pacer:

@@ -1,7 +1,7 @@
-"""The simulator's /metrics: Prometheus text with vLLM's metric names and
-labels (``engine="0",model_name=...`` as vLLM 0.24 writes them; aborted requests
-are ``vllm:request_success_total{finished_reason="abort"}`` as in vLLM), or
-TensorRT-LLM's names with ``--engine trtllm``.
+"""The simulator's /metrics in vLLM mode: Prometheus text with vLLM's metric names
+and labels (``engine="0",model_name=...`` as vLLM 0.24 writes them; aborted
+requests are ``vllm:request_success_total{finished_reason="abort"}`` as in vLLM).
+TensorRT-LLM mode serves trtllm-serve's own formats instead (trtllm.py).
 
 Written by hand rather than with prometheus_client so that a simulator running
 inside the gateway process (the embedded default) never mixes its series into
@@ -20,29 +20,20 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                240.0, 480.0, 960.0, 1920.0, 7680.0)
 
-# our name -> (vLLM name, TensorRT-LLM name, type, help)
+# our name -> (vLLM name, type, help)
 NAMES = {
-    "running": ("vllm:num_requests_running", "trtllm_num_requests_running", "gauge",
-                "Number of requests in model execution batches."),
-    "waiting": ("vllm:num_requests_waiting", "trtllm_num_requests_waiting", "gauge",
-                "Number of requests waiting to be processed."),
-    "kv_usage": ("vllm:kv_cache_usage_perc", "trtllm_kv_cache_utilization", "gauge",
-                 "KV-cache usage. 1 means 100 percent usage."),
-    "pc_queries": ("vllm:prefix_cache_queries", "trtllm_prefix_cache_queries", "counter",
+    "running": ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
+    "waiting": ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
+    "kv_usage": ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
+    "pc_queries": ("vllm:prefix_cache_queries", "counter",
                    "Prefix cache queries, in terms of number of queried tokens."),
-    "pc_hits": ("vllm:prefix_cache_hits", "trtllm_prefix_cache_hits", "counter",
-                "Prefix cache hits, in terms of number of cached tokens."),
-    "prompt_tokens": ("vllm:prompt_tokens", "trtllm_prompt_tokens", "counter", "Number of prefill tokens processed."),
-    "generation_tokens": ("vllm:generation_tokens", "trtllm_generation_tokens", "counter",
-                          "Number of generation tokens processed."),
-    "success": ("vllm:request_success", "trtllm_request_success", "counter",
-                "Count of successfully processed requests."),
-    "preemptions": ("vllm:num_preemptions", "trtllm_num_preemptions", "counter",
-                    "Cumulative number of preemption from the engine."),
-    "ttft": ("vllm:time_to_first_token_seconds", "trtllm_time_to_first_token_seconds", "histogram",
-             "Histogram of time to first token in seconds."),
-    "e2e": ("vllm:e2e_request_latency_seconds", "trtllm_e2e_request_latency_seconds", "histogram",
-            "Histogram of e2e request latency in seconds."),
+    "pc_hits": ("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens."),
+    "prompt_tokens": ("vllm:prompt_tokens", "counter", "Number of prefill tokens processed."),
+    "generation_tokens": ("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
+    "success": ("vllm:request_success", "counter", "Count of successfully processed requests."),
+    "preemptions": ("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine."),
+    "ttft": ("vllm:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds."),
+    "e2e": ("vllm:e2e_request_latency_seconds", "histogram", "Histogram of e2e request latency in seconds."),
 }
 
 
@@ -63,10 +54,9 @@ def _esc(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render(engine, model: str, flavour: str = "vllm") -> bytes:
-    idx = 1 if flavour == "trtllm" else 0
-    # label sets as the engines write them (vLLM 0.24: engine="0" first)
-    lbl = (f'engine_type="trtllm",model_name="{_esc(model)}"' if idx else f'engine="0",model_name="{_esc(model)}"')
+def render(engine, model: str) -> bytes:
+    # the label set as vLLM 0.24 writes it (engine="0" first)
+    lbl = f'engine="0",model_name="{_esc(model)}"'
     c = engine.cache
     values = {
         "running": len(engine.running), "waiting": len(engine.waiting), "kv_usage": c.usage(),
@@ -76,8 +66,7 @@ def render(engine, model: str, flavour: str = "vllm") -> bytes:
     # every request ends at max_tokens (finish_reason "length"); a client that went away is "abort"
     success = {"stop": 0, "length": engine.finished, "abort": engine.aborted, "error": 0}
     out: list[str] = []
-    for key, (vname, tname, kind, help_) in NAMES.items():
-        name = (vname, tname)[idx]
+    for key, (name, kind, help_) in NAMES.items():
         out.append(f"# HELP {name} {help_}")
         out.append(f"# TYPE {name} {kind}")
         if kind == "histogram":

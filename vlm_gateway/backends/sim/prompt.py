@@ -12,6 +12,12 @@ Block hashes follow vLLM's scheme: block ``i`` hashes its parent's hash together
 with its content, and the content of a block that covers image tokens includes
 the image's content hash and the covered range, so a different image (even of
 the same size) changes the hash of every block from the image on.
+
+A ``video_url`` part (data: URI) is one such segment keyed by the video's content hash:
+its tokens are what vLLM 0.24 makes of it (vlm_gateway/video_tokens.py: the frames its
+opencv loader samples, in pairs, each pair with its ``<t seconds>`` text and markers),
+read from the container header with PyAV; it also records the frames the engine decodes
+(OpenCV grabs every frame up to the last sampled one) and the frames it preprocesses.
 """
 
 from __future__ import annotations
@@ -42,10 +48,21 @@ class SimImage:
     height: int
     tokens: int            # visual tokens incl. the 2 markers
     start: int = 0         # first token index in the prompt
+    frames: int = 1        # frames the processor resizes and patchifies (video: sampled frames)
+    groups: int = 1        # vision-encoder items: 1 for an image, temporal pairs for a video
+    decode_pixels: int = 0  # pixels the loader decodes (video: every frame it grabs); 0 = pixels
 
     @property
     def pixels(self) -> int:
         return self.width * self.height
+
+    @property
+    def decode_mpx(self) -> float:
+        return (self.decode_pixels or self.pixels) / 1e6
+
+    @property
+    def preproc_mpx(self) -> float:
+        return self.frames * self.pixels / 1e6
 
 
 @dataclass
@@ -106,7 +123,8 @@ class _Layout:
             self.n += ntok
 
     def image(self, img: SimImage) -> None:
-        img = SimImage(img.digest, img.width, img.height, img.tokens, start=self.n)
+        img = SimImage(img.digest, img.width, img.height, img.tokens, start=self.n, frames=img.frames,
+                       groups=img.groups, decode_pixels=img.decode_pixels)
         self.segments.append(("i", img, img.tokens))
         self.images.append(img)
         self.n += img.tokens
@@ -151,6 +169,25 @@ def _image_for(url: str, fetched: dict[str, bytes]) -> SimImage:
     return SimImage(digest, w, h, tokens)
 
 
+def _video_for(url: str, fetched: dict[str, bytes]) -> SimImage:
+    data = decode_data_uri(url) if url.startswith("data:") else fetched.get(url)
+    if data is None:
+        raise PromptError(f"video URL was not fetched: {url[:80]}")
+    from ...video_tokens import video_tokens
+    try:
+        from ...middleware.video.errors import VideoError
+        from ...middleware.video.rewrite import probe_video
+        from ...middleware.video.settings import VideoSettings
+        h = probe_video(data, VideoSettings())
+        n, rate = h.opencv_frames, float(h.rate)
+        v = video_tokens(n, rate, h.width, h.height)
+    except (VideoError, ValueError) as e:
+        raise PromptError(f"cannot read video: {e}") from None
+    # the loader grabs (decodes) every frame up to its last sampled index, which is the last frame
+    return SimImage(hashlib.sha256(data).digest(), h.width, h.height, v.total, frames=v.frames,
+                    groups=v.groups, decode_pixels=n * h.width * h.height)
+
+
 def build_prompt(body: dict, fetched: dict[str, bytes] | None = None) -> PromptSpec:
     """PromptSpec of a chat (``messages``) or completions (``prompt``) body.
 
@@ -183,6 +220,12 @@ def build_prompt(body: dict, fetched: dict[str, bytes] | None = None) -> PromptS
                 elif part.get("type") == "image_url":
                     iu = part.get("image_url")
                     lay.image(_image_for(iu.get("url") if isinstance(iu, dict) else iu, fetched))
+                elif part.get("type") == "video_url":
+                    vu = part.get("video_url")
+                    url = vu.get("url") if isinstance(vu, dict) else vu
+                    if not isinstance(url, str):
+                        raise PromptError("video_url.url must be a string")
+                    lay.image(_video_for(url, fetched))
         lay.text(b"<|im_end|>\n", TEMPLATE_TOKENS_PER_MESSAGE - 3)
     lay.text(b"<|im_start|>assistant\n<think>\n\n</think>\n\n", TEMPLATE_TOKENS_PER_REQUEST)
     return lay.spec()

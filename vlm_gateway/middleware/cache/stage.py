@@ -91,6 +91,9 @@ class ResponseCache:
             req.response_headers[HEADER] = "bypass"
             return None
         keys = build_keys(req)
+        if not keys.content_known:  # media known only by URL (passthrough): never cached
+            req.response_headers[HEADER] = "bypass"
+            return None
         req.state[_KEYS_STATE] = keys
         if d.lookup:
             reply = await self._lookup(req, keys)
@@ -135,6 +138,8 @@ class ResponseCache:
         keys: CacheKeys | None = req.state.get(_KEYS_STATE)
         if keys is None or not storable(req, completion):
             return
+        if req.grounding is not None and not req.grounding.cacheable:
+            return  # answered in frames other than those the key was built with
         enc = self.store.encode(completion)
         if enc is None:
             return

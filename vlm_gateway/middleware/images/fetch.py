@@ -1,4 +1,4 @@
-"""Safe fetch of an http(s) image URL.
+"""Safe fetch of an http(s) media URL (images, video, audio: one policy).
 
 Every hop is resolved here and each address checked (private, loopback,
 link-local, multicast, reserved, unspecified and IPv4-mapped/-embedded forms are
@@ -6,7 +6,14 @@ refused unless ``allow_private_networks``); the request then goes to that checke
 IP with the original Host header and TLS server name, so a DNS answer that
 changes between check and connect (rebinding) cannot slip past. Redirects are
 followed by hand (max ``max_redirects``), each re-checked. The body is capped
-while streaming; the whole fetch has one deadline.
+while streaming (per call: the cap of the media kind, or what is left of the
+request's total) and every chunk is reported to ``on_chunk`` before it is kept, so
+the caller can count it against its limits; the whole fetch has one deadline.
+A strong ``ETag`` from an earlier fetch can be sent back (``If-None-Match``):
+a 304 answer returns no bytes.
+
+Error codes name the kind (``image_url_private_address``,
+``video_too_large``, ...); the private-address message says which settings allow it.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import asyncio
 import ipaddress
 import socket
 from dataclasses import dataclass, field
+from typing import Callable
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import aiohttp
@@ -24,6 +32,21 @@ class FetchError(ValueError):
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+PRIVATE_HINT = ("to allow it, set images.allow_private_networks: true (environment "
+                "VLM_GATEWAY_IMAGES__ALLOW_PRIVATE_NETWORKS=true) or list its network in images.allow_networks "
+                "(VLM_GATEWAY_IMAGES__ALLOW_NETWORKS='[\"10.0.0.0/8\"]')")
+
+
+@dataclass(slots=True)
+class Fetched:
+    """A fetch's outcome; ``data`` None = 304, the content behind ``etag`` is unchanged."""
+
+    data: bytes | None
+    content_type: str = ""
+    # a strong validator only (byte-identical content), "" otherwise
+    etag: str = ""
 
 
 @dataclass
@@ -60,7 +83,7 @@ def ip_refused(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
             or ip.is_unspecified or not ip.is_global)
 
 
-async def _resolve(host: str, port: int, allow_private: bool, exempt: list) -> str:
+async def _resolve(host: str, port: int, allow_private: bool, exempt: list, what: str = "image") -> str:
     try:
         literal = ipaddress.ip_address(host.strip("[]"))
         addrs = [literal]
@@ -69,41 +92,62 @@ async def _resolve(host: str, port: int, allow_private: bool, exempt: list) -> s
         try:
             infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except socket.gaierror:
-            raise FetchError(f"the image host {host!r} does not resolve", "image_fetch_dns") from None
+            raise FetchError(f"the {what} host {host!r} does not resolve", f"{what}_fetch_dns") from None
         addrs = [ipaddress.ip_address(i[4][0].split("%")[0]) for i in infos]
     if not addrs:
-        raise FetchError(f"the image host {host!r} does not resolve", "image_fetch_dns")
+        raise FetchError(f"the {what} host {host!r} does not resolve", f"{what}_fetch_dns")
     if not allow_private:
         # refuse when ANY answer is private: the connection could be steered to it
         for a in addrs:
             if ip_refused(a) and not any(a.version == n.version and a in n for n in exempt):
-                raise FetchError(f"the image URL points to a private or reserved address ({host})",
-                                 "image_url_private_address")
+                raise FetchError(f"the {what} URL points to a private or reserved address ({host}); "
+                                 + PRIVATE_HINT, f"{what}_url_private_address")
     ip = addrs[0]
     return f"[{ip}]" if ip.version == 6 else str(ip)
 
 
-def check_url(url: str, policy: FetchPolicy) -> tuple[str, str, int]:
+def check_url(url: str, policy: FetchPolicy, what: str = "image") -> tuple[str, str, int]:
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        raise FetchError("the image URL is malformed", "invalid_image_url") from None
+        raise FetchError(f"the {what} URL is malformed", f"invalid_{what}_url") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise FetchError("the image URL must be http(s) or a data: URI", "invalid_image_url")
+        raise FetchError(f"the {what} URL must be http(s) or a data: URI", f"invalid_{what}_url")
     host = parts.hostname
     if policy.deny_domains and _domain_match(host, policy.deny_domains):
-        raise FetchError(f"the image host {host!r} is denied by the gateway's policy", "image_url_denied")
+        raise FetchError(f"the {what} host {host!r} is denied by the gateway's policy", f"{what}_url_denied")
     if policy.allow_domains and not _domain_match(host, policy.allow_domains):
-        raise FetchError(f"the image host {host!r} is not on the gateway's allow list", "image_url_denied")
+        raise FetchError(f"the {what} host {host!r} is not on the gateway's allow list", f"{what}_url_denied")
     return parts.scheme, host, port or (443 if parts.scheme == "https" else 80)
 
 
-async def _fetch(session: aiohttp.ClientSession, url: str, policy: FetchPolicy) -> bytes:
-    exempt = [ipaddress.ip_network(n, strict=False) for n in policy.allow_networks]
+def _exempt(policy: FetchPolicy) -> list:
+    return [ipaddress.ip_network(n, strict=False) for n in policy.allow_networks]
+
+
+async def check_address(url: str, policy: FetchPolicy, what: str = "image") -> None:
+    """The whole policy for a URL that is not fetched here (``url_mode: passthrough``):
+    scheme, domain lists and the address guard on what the host resolves to now. The
+    engine parses the URL again, so forms that URL parsers read differently (user
+    info, backslashes, spaces, control characters) are refused."""
+    _scheme, host, port = check_url(url, policy, what)
+    if any(c.isspace() or ord(c) < 32 or c == "\\" for c in url) or "@" in urlsplit(url).netloc:
+        raise FetchError(f"the {what} URL has user info, spaces, backslashes or control characters, which "
+                         "URL parsers read differently", f"invalid_{what}_url")
+    await _resolve(host, port, policy.allow_private_networks, _exempt(policy), what)
+
+
+def _strong(etag: str | None) -> str:
+    return etag if etag and etag.startswith('"') and etag.endswith('"') and len(etag) <= 256 else ""
+
+
+async def _fetch(session: aiohttp.ClientSession, url: str, policy: FetchPolicy, max_bytes: int, what: str,
+                 accept: str, on_chunk: Callable[[int], None] | None, etag: str) -> Fetched:
+    exempt = _exempt(policy)
     for _hop in range(policy.max_redirects + 1):
-        scheme, host, port = check_url(url, policy)
-        ip = await _resolve(host, port, policy.allow_private_networks, exempt)
+        scheme, host, port = check_url(url, policy, what)
+        ip = await _resolve(host, port, policy.allow_private_networks, exempt, what)
         parts = urlsplit(url)
         netloc = f"{ip}:{port}"
         target = urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
@@ -111,30 +155,37 @@ async def _fetch(session: aiohttp.ClientSession, url: str, policy: FetchPolicy) 
         if ":" in host and not host.startswith("["):
             host_header = f"[{host}]" if parts.port is None else f"[{host}]:{parts.port}"
         kw = {"server_hostname": host} if scheme == "https" else {}
-        async with session.get(target, headers={"Host": host_header, "Accept": "image/*"},
-                               allow_redirects=False, **kw) as resp:
+        headers = {"Host": host_header, "Accept": accept}
+        if etag:
+            headers["If-None-Match"] = etag
+        async with session.get(target, headers=headers, allow_redirects=False, **kw) as resp:
             if resp.status in (301, 302, 303, 307, 308):
                 loc = resp.headers.get("location")
                 if not loc:
-                    raise FetchError(f"the image URL redirected without a location (HTTP {resp.status})",
-                                     "image_fetch_failed")
+                    raise FetchError(f"the {what} URL redirected without a location (HTTP {resp.status})",
+                                     f"{what}_fetch_failed")
                 url = urljoin(url, loc)
                 continue
+            if resp.status == 304 and etag and _strong(resp.headers.get("etag")) in ("", etag):
+                return Fetched(None, etag=etag)
             if resp.status != 200:
-                raise FetchError(f"fetching the image URL failed with HTTP {resp.status}", "image_fetch_failed")
+                raise FetchError(f"fetching the {what} URL failed with HTTP {resp.status}", f"{what}_fetch_failed")
             declared = resp.content_length
-            if declared is not None and declared > policy.max_bytes:
-                raise FetchError(f"the image at the URL is {declared} bytes, above the limit of "
-                                 f"{policy.max_bytes}", "image_too_large")
+            if declared is not None and declared > max_bytes:
+                raise FetchError(f"the {what} at the URL is {declared} bytes, above the limit of "
+                                 f"{max_bytes}", f"{what}_too_large")
             chunks, size = [], 0
             async for chunk in resp.content.iter_chunked(256 * 1024):
                 size += len(chunk)
-                if size > policy.max_bytes:
-                    raise FetchError(f"the image at the URL is larger than the limit of {policy.max_bytes} bytes",
-                                     "image_too_large")
+                if size > max_bytes:
+                    raise FetchError(f"the {what} at the URL is larger than the limit of {max_bytes} bytes",
+                                     f"{what}_too_large")
+                if on_chunk is not None:
+                    on_chunk(len(chunk))
                 chunks.append(chunk)
-            return b"".join(chunks)
-    raise FetchError(f"the image URL redirected more than {policy.max_redirects} times", "image_fetch_redirects")
+            return Fetched(b"".join(chunks), resp.headers.get("content-type", ""),
+                           _strong(resp.headers.get("etag")))
+    raise FetchError(f"the {what} URL redirected more than {policy.max_redirects} times", f"{what}_fetch_redirects")
 
 
 class Fetcher:
@@ -153,16 +204,26 @@ class Fetcher:
         return self._session
 
     async def fetch(self, url: str) -> bytes:
+        """An image's bytes under the policy's own cap."""
+        got = await self.get(url)
+        assert got.data is not None
+        return got.data
+
+    async def get(self, url: str, *, max_bytes: int | None = None, what: str = "image", accept: str = "image/*",
+                  on_chunk: Callable[[int], None] | None = None, etag: str = "") -> Fetched:
+        """Fetch under the policy; ``max_bytes`` (default the policy's) caps the body,
+        ``on_chunk(n)`` sees every chunk before it is kept (it may raise to stop)."""
+        cap = self.policy.max_bytes if max_bytes is None else max_bytes
         try:
             async with asyncio.timeout(self.policy.timeout_s):
-                return await _fetch(self._get_session(), url, self.policy)
+                return await _fetch(self._get_session(), url, self.policy, cap, what, accept, on_chunk, etag)
         except TimeoutError:
-            raise FetchError(f"fetching the image URL timed out after {self.policy.timeout_s:g} s",
-                             "image_fetch_timeout") from None
+            raise FetchError(f"fetching the {what} URL timed out after {self.policy.timeout_s:g} s",
+                             f"{what}_fetch_timeout") from None
         except FetchError:
             raise
         except (aiohttp.ClientError, OSError, ValueError) as e:
-            raise FetchError(f"fetching the image URL failed ({type(e).__name__})", "image_fetch_failed") from None
+            raise FetchError(f"fetching the {what} URL failed ({type(e).__name__})", f"{what}_fetch_failed") from None
 
     async def close(self) -> None:
         if self._session is not None:

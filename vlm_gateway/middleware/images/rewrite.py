@@ -37,6 +37,9 @@ class Rewritten:
     seconds: float = 0.0
     # what was converted so the engine reads what a viewer shows (decode.Decoded.conversions)
     conversions: tuple[str, ...] = ()
+    # What the output shows of the source, for mapping coordinates back: (client_w, client_h,
+    # left, top, right, bottom) in pixels of the upright source; () = the source as it is.
+    view: tuple[float, ...] = ()
 
     @property
     def passthrough(self) -> bool:
@@ -68,15 +71,19 @@ def rewrite(data: bytes, header: Header, policy: Policy,
         out, mime = encode(im, policy.jpeg_quality)
         return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
                          len(data), before, tokens(im.width, im.height, policy), False,
-                         time.perf_counter() - t0, tuple(d.conversions))
+                         time.perf_counter() - t0, conversions=tuple(d.conversions),
+                         view=(im.width, im.height, 0.0, 0.0, float(im.width), float(im.height)))
     f = policy.grid_factor
     target = target_size(header.width, header.height, policy.max_long_side, f, policy.min_pixels)
     d = decode_opened(op, prescale_size(target, policy.prescale_gap))
     im, scale = d.image, d.scale
+    view = _full_view(im, scale, header)
     trimmed = False
     if policy.trim_borders:
         box = content_box(im, policy.trim_tolerance, min_side=max(2, int(f / scale)))
         if box is not None:
+            kx, ky = view[0] / im.width, view[1] / im.height
+            view = (view[0], view[1], box[0] * kx, box[1] * ky, box[2] * kx, box[3] * ky)
             im = im.crop(box)
             trimmed = True
     # target from the upright content size in source pixels
@@ -86,7 +93,16 @@ def rewrite(data: bytes, header: Header, policy: Policy,
     out, mime = encode(im, policy.jpeg_quality)
     return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
                      len(data), before, tokens(im.width, im.height, policy), trimmed, time.perf_counter() - t0,
-                     tuple(d.conversions))
+                     view=view, conversions=tuple(d.conversions))
+
+
+def _full_view(im, scale: float, header: Header) -> tuple[float, ...]:
+    """The whole upright source as a view: the header's size, swapped when the decode
+    turned the image (EXIF orientation)."""
+    w, h = header.width, header.height
+    if w != h and abs(im.width * scale - h) < abs(im.width * scale - w):
+        w, h = h, w
+    return (w, h, 0.0, 0.0, float(w), float(h))
 
 
 def rewrite_bytes(data: bytes, policy: Policy | None = None,

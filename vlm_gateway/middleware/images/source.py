@@ -1,5 +1,20 @@
-"""Resolve one ``image_url`` part to its source: the bytes (data: URI decoded, or
-an http(s) URL fetched safely), a stable content hash and the header size."""
+"""Resolve a media part to its source under one policy for every kind (image,
+video, audio, image embeddings):
+
+- ``data:`` URI (or ``input_audio`` / ``image_embeds`` payload): size-checked
+  against the per-part cap of its kind before decoding, decoded, counted and held
+  (``inflight``), identified by the hash of its bytes;
+- ``http(s)`` URL: ``images.url_mode`` decides. ``reject``: 400; ``passthrough``:
+  scheme, domain lists and address guard checked here, then the engine fetches;
+  ``fetch``: fetched by the one safe ``Fetcher`` with the per-part cap of its kind,
+  every chunk counted and held, identified by the hash of the bytes received;
+- anything else: 400.
+
+The identity of a part is always the hash of the bytes that are used
+(``vlm_gateway.hashing``). ``UrlMemo`` remembers only a URL's strong ETag with
+the hash of the body it came with: a repeat asks the origin (If-None-Match) and
+uses the remembered identity only on 304; it is cleared by the admin cache flush.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +22,31 @@ import binascii
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import unquote_to_bytes
 
+import orjson
 import pybase64
-import xxhash
 
+from ...hashing import content_hash
+from ...proxy.errors import BadRequest
 from .decode import Header, ImageError
+from .fetch import Fetched, Fetcher, FetchError, FetchPolicy, check_address
+from .inflight import MediaBudget, for_gateway
+from .pool import BoundedPool
+
+if TYPE_CHECKING:
+    from ...proxy.gateway import Gateway
+    from ...proxy.request import ChatRequest, MediaPart
+
+__all__ = ["content_hash", "decode_data_uri", "Source", "UrlMemo", "MediaSources"]
+
+_SMALL = 256 * 1024  # decode/hash bigger payloads in the pool
+ACCEPT = {"image": "image/*", "video": "video/*", "audio": "audio/*"}
 
 
-def content_hash(data: bytes) -> str:
-    """Fast, seedless (so stable across processes and hosts) 128-bit hash."""
-    return xxhash.xxh3_128_hexdigest(data)
+class MediaError(ImageError):
+    """A media part that cannot be used; ``code`` names why (400 naming the part)."""
 
 
 def decode_data_uri(url: str) -> bytes:
@@ -26,50 +55,192 @@ def decode_data_uri(url: str) -> bytes:
     if not sep:
         raise ImageError("the data: URI has no ',' separating the header from the data", "invalid_image_data")
     if head.lower().endswith(";base64"):
-        try:
-            return pybase64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):
-            pass
-        cleaned = "".join(payload.split())
-        try:
-            return pybase64.b64decode(cleaned + "=" * (-len(cleaned) % 4), validate=True)
-        except (binascii.Error, ValueError):
-            raise ImageError("the data: URI is not valid base64", "invalid_image_base64") from None
+        return decode_base64(payload)
     return unquote_to_bytes(payload)
+
+
+def decode_base64(payload: str) -> bytes:
+    try:
+        return pybase64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        pass
+    cleaned = "".join(payload.split())
+    try:
+        return pybase64.b64decode(cleaned + "=" * (-len(cleaned) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageError("the data: URI is not valid base64", "invalid_image_base64") from None
+
+
+def payload_bytes(url: str) -> int:
+    """Decoded size of a ``data:`` URI's payload, from its length (no decoding)."""
+    comma = url.find(",")
+    if comma < 0:
+        return 0
+    n = len(url) - comma - 1
+    return n * 3 // 4 if ";base64" in url[:comma].lower() else n
+
+
+def inline_size(part: "MediaPart") -> int:
+    """Bytes a part carries inline (data: URI, input_audio, image_embeds), from lengths."""
+    if part.ptype == "input_audio":
+        return len(part.part["input_audio"]["data"]) * 3 // 4
+    if part.ptype == "image_embeds":
+        v = part.part["image_embeds"]
+        return sum(len(x) for x in (v.values() if isinstance(v, dict) else [v])) * 3 // 4
+    url = part.url
+    return payload_bytes(url) if url[:5].lower() == "data:" else 0
 
 
 @dataclass(slots=True)
 class Source:
-    kind: str  # "data" | "url" | "url_passthrough"
+    kind: str  # "data" | "url" | "url_passthrough" | "inline"
     url: str
     hash: str
     header: Header | None
     size: int
     data: bytes | None = None
+    # content type the origin declared for a fetched body ("" otherwise)
+    content_type: str = ""
 
 
 class UrlMemo:
-    """URL -> (hash, header, size) for a short while, so a repeated URL whose
-    rewrite is in L1 is neither fetched nor decoded again."""
+    """URL -> (strong ETag, content hash, header, size) for ``ttl_s``; used only to
+    revalidate with the origin, never as an identity on its own."""
 
     def __init__(self, ttl_s: float, max_entries: int = 10_000) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        self._d: OrderedDict[str, tuple[float, str, Header, int]] = OrderedDict()
+        self._d: OrderedDict[str, tuple[float, str, str, Header | None, int]] = OrderedDict()
 
-    def get(self, url: str) -> tuple[str, Header, int] | None:
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def get(self, url: str) -> tuple[str, str, Header | None, int] | None:
         e = self._d.get(url)
         if e is None:
             return None
         if e[0] < time.monotonic():
             self._d.pop(url, None)
             return None
-        return e[1], e[2], e[3]
+        return e[1], e[2], e[3], e[4]
 
-    def put(self, url: str, h: str, header: Header, size: int) -> None:
+    def put(self, url: str, etag: str, h: str, header: Header | None, size: int) -> None:
         if self.ttl_s <= 0:
             return
-        self._d[url] = (time.monotonic() + self.ttl_s, h, header, size)
+        if not etag:
+            self._d.pop(url, None)
+            return
+        self._d[url] = (time.monotonic() + self.ttl_s, etag, h, header, size)
         self._d.move_to_end(url)
         while len(self._d) > self.max_entries:
             self._d.popitem(last=False)
+
+    def forget(self, url: str) -> None:
+        self._d.pop(url, None)
+
+    def flush(self) -> int:
+        n = len(self._d)
+        self._d.clear()
+        return n
+
+
+class MediaSources:
+    """One per process: the fetcher, pool, memo and byte budget every media stage uses."""
+
+    def __init__(self, gw: "Gateway") -> None:
+        cfg = gw.cfg.images
+        lim = gw.cfg.limits
+        self.cfg = cfg
+        self.fetcher = Fetcher(FetchPolicy(cfg.fetch_timeout_s, cfg.max_fetch_bytes, cfg.max_redirects,
+                                           cfg.allow_private_networks, list(cfg.allow_networks),
+                                           list(cfg.allow_domains), list(cfg.deny_domains)))
+        self.pool = BoundedPool(cfg.pool_workers, cfg.max_queue)
+        self.memo = UrlMemo(cfg.url_cache_ttl_s)
+        self.budget: MediaBudget = for_gateway(gw)
+        # per-part caps: fetched images keep images.max_fetch_bytes; data: images are
+        # bounded by the request's total
+        self.fetch_cap = {"image": cfg.max_fetch_bytes, "video": lim.max_video_bytes, "audio": lim.max_audio_bytes}
+        self.part_cap = {"video": (lim.max_video_bytes, "limits.max_video_bytes"),
+                         "audio": (lim.max_audio_bytes, "limits.max_audio_bytes")}
+
+    async def close(self) -> None:
+        await self.fetcher.close()
+        self.pool.close()
+
+    def flush(self) -> int:
+        """Admin cache flush: forget every remembered URL."""
+        return self.memo.flush()
+
+    # -- pieces ------------------------------------------------------------------------
+    def _check_part_cap(self, part: "MediaPart", n: int) -> None:
+        cap, key = self.part_cap.get(part.kind, (0, ""))
+        if cap and n > cap:
+            raise MediaError(f"the {part.kind} is {n} bytes, above the limit {key} ({cap})", f"{part.kind}_too_large")
+
+    async def decode(self, req: "ChatRequest", part: "MediaPart", payload: str, b64: bool = False) -> bytes:
+        """Decode a data: URI (or a bare base64 payload) after checking its size; the
+        decoded bytes are held for the request."""
+        est = len(payload) * 3 // 4 if b64 else payload_bytes(payload)
+        self._check_part_cap(part, est)
+        self.budget.hold(req, part, est)
+        fn = decode_base64 if b64 else decode_data_uri
+        return fn(payload) if len(payload) <= _SMALL else await self.pool.run(fn, payload)
+
+    async def hash(self, data: bytes) -> str:
+        return content_hash(data) if len(data) <= _SMALL else await self.pool.run(content_hash, data)
+
+    def url_mode(self, part: "MediaPart", url: str) -> str:
+        """"data" | "fetch" | "passthrough"; refuses what the policy refuses."""
+        low = url[:8].lower()
+        if low.startswith("data:"):
+            return "data"
+        if not low.startswith(("http://", "https://")):
+            raise MediaError(f"{part.ptype} must be a data: URI or an http(s) URL", f"invalid_{part.kind}_url")
+        if self.cfg.url_mode == "reject":
+            raise MediaError(f"this gateway accepts {part.kind}s only as data: URIs (images.url_mode: reject)",
+                             f"{part.kind}_url_not_allowed")
+        return self.cfg.url_mode
+
+    async def fetch(self, req: "ChatRequest", part: "MediaPart", url: str, etag: str = "") -> Fetched:
+        return await self.fetcher.get(url, max_bytes=self.fetch_cap.get(part.kind, self.cfg.max_fetch_bytes),
+                                      what=part.kind, accept=ACCEPT.get(part.kind, "*/*"),
+                                      on_chunk=self.budget.fetched(req, part), etag=etag)
+
+    # -- whole sources (kinds without a decoder here: video, audio, embeddings) ----------
+    async def resolve(self, req: "ChatRequest", part: "MediaPart") -> Source:
+        """The source of a part whose bytes are forwarded as they are (no probe)."""
+        if part.ptype == "input_audio":
+            payload = part.part["input_audio"]["data"]
+            data = await self.decode(req, part, payload, b64=True)
+            return Source("inline", "", await self.hash(data), None, len(data))
+        if part.ptype == "image_embeds":
+            raw = orjson.dumps(part.part["image_embeds"], option=orjson.OPT_SORT_KEYS)
+            self.budget.hold(req, part, len(raw))
+            return Source("inline", "", await self.hash(raw), None, inline_size(part))
+        url = part.url
+        mode = self.url_mode(part, url)
+        if mode == "data":
+            data = await self.decode(req, part, url)
+            return Source("data", url, await self.hash(data), None, len(data))
+        if mode == "passthrough":
+            await check_address(url, self.fetcher.policy, part.kind)
+            return Source("url_passthrough", url, "url:" + content_hash(url.encode()), None, 0)
+        got = await self.fetch(req, part, url)
+        assert got.data is not None
+        return Source("url", url, await self.hash(got.data), None, len(got.data), got.data, got.content_type)
+
+
+def media_sources(gw: "Gateway") -> MediaSources:
+    """The process's one ``MediaSources`` (created by the first stage that asks)."""
+    s = getattr(gw, "media_sources", None)
+    if s is None:
+        s = gw.media_sources = MediaSources(gw)
+        gw.closers.append(s.close)
+        gw.cache_flushers.append(s.flush)  # POST /admin/cache/flush forgets remembered URLs
+    return s
+
+
+def as_error(part: "MediaPart", e: ImageError | FetchError) -> BadRequest:
+    """The 400 for a part that cannot be used, naming it; codes name its kind."""
+    code = e.code if part.kind == "image" else e.code.replace("image", part.kind)
+    return BadRequest(f"Invalid {part.kind} at {part.param}: {e}", param=part.param, code=code)

@@ -1,9 +1,13 @@
 """The image stage of the chain (runs before routing).
 
-For every ``image_url`` part: resolve the source (data: URI or safe fetch), hash
-it, read its size from the header and refuse what must be refused (400 naming
-the part). Then rewrite for the model's policy right away, so a broken image
-fails before any response starts, and register a ``before_send`` hook that
+For every image part (``image_url``, ``input_image``): resolve the source under
+the media policy (``source.MediaSources``: data: URI, safe fetch with its bytes
+counted and held, or a checked pass-through URL), hash the bytes actually used,
+read the size from the header and refuse what must be refused (400 naming the
+part). With ``images.enabled: false`` every policy is "off": nothing is
+rewritten, but the sources are still resolved, checked and counted. Then
+rewrite for the model's policy right away, so a broken image fails before any
+response starts, and register a ``before_send`` hook that
 applies the rewrite for the chosen backend (capped by its profile's
 ``image_max_long_side``; L1 makes a second rewrite cheap). Pass-through data:
 images keep their original string byte for byte.
@@ -18,15 +22,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ... import metrics
-from ...proxy.errors import BadRequest, GatewayError
-from .decode import ImageError, probe
+from ...proxy.errors import BadRequest, GatewayError, Unavailable
+from ..grounding import plan as grounding
+from .decode import MIME, ImageError, probe
 from .encode import data_uri
-from .fetch import Fetcher, FetchError, FetchPolicy
+from .fetch import FetchError, check_address
 from .l1 import L1Cache
 from .policy import POLICY_HEADER, Policy, parse_header, resolve
-from .pool import BoundedPool
-from .rewrite import Rewritten, rewrite, tokens
-from .source import Source, UrlMemo, content_hash, decode_data_uri
+from .rewrite import Rewritten, needs_rewrite, rewrite, tokens
+from .source import Source, as_error, content_hash, media_sources
 
 if TYPE_CHECKING:
     from ...backends.backend import Backend
@@ -40,29 +44,26 @@ TOKENS_HEADER = "x-vlm-gateway-visual-tokens"
 CONVERTED_HEADER = "x-vlm-gateway-image-converted"
 _SMALL = 256 * 1024  # hash/decode bigger payloads in the pool
 _VERIFIED_ENTRIES = 16384
+OFF = Policy(enabled=False)
 
 
 def _bad(part: "ImagePart", e: ImageError | FetchError) -> BadRequest:
-    return BadRequest(f"Invalid image at {part.param}: {e}", param=part.param, code=e.code)
+    return as_error(part, e)
 
 
 class ImageRewriter:
     def __init__(self, gw: "Gateway") -> None:
         cfg = gw.cfg.images
         self.cfg = cfg
-        self.pool = BoundedPool(cfg.pool_workers, cfg.max_queue)
+        self.sources = media_sources(gw)
+        self.pool = self.sources.pool
+        self.fetcher = self.sources.fetcher
         self.l1 = L1Cache(cfg.l1_max_bytes, gw.cfg.redis_url, cfg.l1_redis_ttl_s)
-        self.fetcher = Fetcher(FetchPolicy(cfg.fetch_timeout_s, cfg.max_fetch_bytes, cfg.max_redirects,
-                                           cfg.allow_private_networks, list(cfg.allow_networks),
-                                           list(cfg.allow_domains), list(cfg.deny_domains)))
-        self.urls = UrlMemo(cfg.url_cache_ttl_s)
         # content hash|policy of data: images verified within budget (pass through without a new decode)
         self.verified: OrderedDict[str, Rewritten] = OrderedDict()
 
     async def close(self) -> None:
-        await self.fetcher.close()
         await self.l1.close()
-        self.pool.close()
 
     # -- sources -------------------------------------------------------------------
     async def _bytes_info(self, data: bytes):
@@ -70,35 +71,33 @@ class ImageRewriter:
             return content_hash(data), probe(data, self.cfg.max_source_pixels)
         return await self.pool.run(lambda: (content_hash(data), probe(data, self.cfg.max_source_pixels)))
 
-    async def source(self, part: "ImagePart") -> Source:
+    async def source(self, part: "ImagePart", req: "ChatRequest") -> Source:
+        srcs = self.sources
         url = part.url
         try:
-            if url[:5].lower() == "data:":
-                if len(url) <= _SMALL:
-                    data = decode_data_uri(url)
-                else:
-                    data = await self.pool.run(decode_data_uri, url)
+            mode = srcs.url_mode(part, url)
+            if mode == "data":
+                data = await srcs.decode(req, part, url)
                 h, header = await self._bytes_info(data)
                 return Source("data", url, h, header, len(data), data)
-            if not url.lower().startswith(("http://", "https://")):
-                raise ImageError("image_url.url must be a data: URI or an http(s) URL", "invalid_image_url")
-            mode = self.cfg.url_mode
-            if mode == "reject":
-                raise ImageError("this gateway accepts images only as data: URIs", "image_url_not_allowed")
             if mode == "passthrough":
+                await check_address(url, self.fetcher.policy, part.kind)
                 return Source("url_passthrough", url, "url:" + content_hash(url.encode()), None, 0)
-            memo = self.urls.get(url)
-            if memo is not None:
-                return Source("url", url, memo[0], memo[1], memo[2])
-            data = await self.fetcher.fetch(url)
+            memo = srcs.memo.get(url)
+            got = await srcs.fetch(req, part, url, etag=memo[0] if memo else "")
+            if got.data is None and memo is not None:
+                # 304: the origin says the body behind this strong ETag is unchanged
+                return Source("url", url, memo[1], memo[2], memo[3])
+            data = got.data or b""
             h, header = await self._bytes_info(data)
-            self.urls.put(url, h, header, len(data))
+            srcs.memo.put(url, got.etag, h, header, len(data))
             return Source("url", url, h, header, len(data), data)
         except (ImageError, FetchError) as e:
             raise _bad(part, e) from None
 
     # -- rewriting -----------------------------------------------------------------
-    async def rewritten(self, part: "ImagePart", src: Source, policy: Policy) -> tuple[Rewritten, str]:
+    async def rewritten(self, part: "ImagePart", src: Source, policy: Policy,
+                        req: "ChatRequest | None" = None) -> tuple[Rewritten, str]:
         """(result, outcome). ``result.url`` None = send the original string."""
         header = src.header
         if src.kind == "url_passthrough":
@@ -114,13 +113,18 @@ class ImageRewriter:
                 return replace(hit, url=None), "passthrough"
             return hit, "l1_hit"
         try:
-            if src.data is None:  # a remembered URL whose rewrite left L1
-                src.data = await self.fetcher.fetch(src.url)
-                if content_hash(src.data) != src.hash:
-                    src.hash = content_hash(src.data)
-                    src.header = header = await self.pool.run(probe, src.data, self.cfg.max_source_pixels)
-                    self.urls.put(src.url, src.hash, header, len(src.data))
-                    key = f"{src.hash}|{policy.key}"
+            if src.data is None:  # revalidated (304) but its rewrite left L1: the body itself
+                got = await (self.sources.fetch(req, part, src.url) if req is not None
+                             else self.fetcher.get(src.url))
+                data = got.data or b""
+                h, header = await self._bytes_info(data)
+                if h != src.hash:
+                    # the URL's content changed since it was identified: never send other
+                    # bytes under an identity the caches already used
+                    self.sources.memo.forget(src.url)
+                    raise Unavailable(f"The image at {part.param} changed while the request was handled; retry",
+                                      param=part.param, code="image_changed", headers={"retry-after": "1"})
+                src.data = data
             data = src.data
             # within budget too: verified (and converted where engines would read it wrong) off the loop
             r = await self.pool.run(rewrite, data, header, policy, self.cfg.max_source_pixels)
@@ -146,12 +150,10 @@ class ImageRewriter:
         if not req.images:
             return None
         policy_header = parse_header(req.headers.get(POLICY_HEADER))
-        policies = []
-        for part in req.images:
-            iu = part.part.get("image_url")
-            detail = iu.get("detail") if isinstance(iu, dict) else None
-            policies.append(resolve(self.cfg, req.model, policy_header, detail))
-        sources = await _gather([self.source(p) for p in req.images])
+        policies = [resolve(self.cfg, req.model, policy_header, part.detail) if self.cfg.enabled else OFF
+                    for part in req.images]
+        sources = await _gather([self.source(p, req) for p in req.images])
+        policies = grounding.gate_trim(self.cfg, req, sources, policies)  # no crop unless answers map back
         for part, src, pol in zip(req.images, sources, policies):
             part.content_hash = src.hash
             part.source_bytes = src.size
@@ -160,7 +162,7 @@ class ImageRewriter:
                 part.tokens_before = tokens(src.header.width, src.header.height, pol)
         # rewrite now for the model's policy: errors surface before routing and the
         # before_send hook usually only applies these results
-        done = await _gather([self.rewritten(p, s, pol) for p, s, pol in zip(req.images, sources, policies)])
+        done = await _gather([self.rewritten(p, s, pol, req) for p, s, pol in zip(req.images, sources, policies)])
         plan = {"sources": sources, "policies": policies, "results": done, "applied": None, "counted": False}
         req.state["images"] = plan
         self._apply(req, [(pol, r) for pol, (r, _) in zip(policies, done)])
@@ -176,7 +178,7 @@ class ImageRewriter:
         for part, src, pol, (r, outcome) in zip(req.images, plan["sources"], plan["policies"], plan["results"]):
             eff = pol.capped(cap)
             if eff != pol:
-                r, outcome = await self.rewritten(part, src, eff)
+                r, outcome = await self.rewritten(part, src, eff, req)
             chosen.append((eff, r))
             outcomes.append(outcome)
         self._apply(req, chosen)
@@ -188,12 +190,7 @@ class ImageRewriter:
         plan = req.state["images"]
         before = after = 0
         for part, src, (_, r) in zip(req.images, plan["sources"], chosen):
-            url = src.url if r.url is None else r.url
-            iu = part.part.get("image_url")
-            if isinstance(iu, dict):
-                iu["url"] = url
-            else:
-                part.part["image_url"] = url
+            part.set_url(src.url if r.url is None else r.url)
             part.tokens_after = r.tokens_after if src.header is not None else 0
             before += part.tokens_before
             after += part.tokens_after
@@ -203,6 +200,7 @@ class ImageRewriter:
             req.response_headers[CONVERTED_HEADER] = "; ".join(notes)
         else:
             req.response_headers.pop(CONVERTED_HEADER, None)
+        grounding.record(req, [r for _, r in chosen], plan["sources"])
 
     def _count(self, req: "ChatRequest", results: list[Rewritten], outcomes: list[str]) -> None:
         before = sum(p.tokens_before for p in req.images)
@@ -229,8 +227,7 @@ async def _gather(coros):
 
 
 def make(gw: "Gateway"):
-    if not gw.cfg.images.enabled:
-        return None
+    # installed even with images.enabled false: sources are still policed (policies "off")
     rewriter = ImageRewriter(gw)
     gw.image_rewriter = rewriter
     gw.closers.append(rewriter.close)

@@ -113,7 +113,7 @@ def make(gw: "Gateway"):
         if t.requests_per_minute:
             checks.append(Check(base + "req", t.requests_per_minute, 1, 1))
             kinds.append("requests")
-        n_images = len(req.images)
+        n_images = req.visual_items()  # images, videos and image embeddings
         if t.images_per_minute and n_images:
             # a request with more images than the bucket holds passes when the bucket is full
             checks.append(Check(base + "img", t.images_per_minute, n_images,

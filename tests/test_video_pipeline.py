@@ -1,0 +1,203 @@
+"""The video rewrite pipeline in process (vlm_gateway/middleware/video/): what the engine
+will read from the output (checked with OpenCV, the loader vLLM uses), that every
+distinct screen state reaches the output at its own time, determinism, and hostile
+inputs refused with specific codes in bounded time and memory (measured in a child
+process: FFmpeg's allocations are invisible to tracemalloc)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import textwrap
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+av = pytest.importorskip("av")
+cv2 = pytest.importorskip("cv2")
+
+from vlm_gateway import video_tokens as vt  # noqa: E402
+from vlm_gateway.middleware.video import corpus, dedupe  # noqa: E402
+from vlm_gateway.middleware.video.errors import VideoError  # noqa: E402
+from vlm_gateway.middleware.video.plan import plan  # noqa: E402
+from vlm_gateway.middleware.video.rewrite import rewrite_video  # noqa: E402
+from vlm_gateway.middleware.video.settings import VideoSettings  # noqa: E402
+
+
+def opencv_view(data: bytes) -> tuple[int, float, list[np.ndarray]]:
+    """What vLLM 0.24's opencv loader sees: frame count, fps, and every frame (RGB)."""
+    import cv2.videoio_registry as vr
+    cap = cv2.VideoCapture(io.BytesIO(data), vr.getStreamBufferedBackends()[0], [])
+    assert cap.isOpened()
+    n, fps = int(cap.get(cv2.CAP_PROP_FRAME_COUNT)), cap.get(cv2.CAP_PROP_FPS)
+    frames = []
+    while cap.grab():
+        ok, f = cap.retrieve()
+        assert ok
+        frames.append(cv2.cvtColor(f, cv2.COLOR_BGR2RGB))
+    return n, fps, frames
+
+
+@pytest.fixture(scope="module")
+def screen():
+    data, times = corpus.screen_recording(24, 640, 360, 10, seed=3)
+    return data, times
+
+
+@pytest.fixture(scope="module")
+def motion():
+    return corpus.motion_clip(4, 320, 240, 30)
+
+
+def test_screen_recording_keeps_every_state_at_its_time(screen):
+    data, times = screen
+    st = VideoSettings(max_long_side=640)
+    r = rewrite_video(data, st)
+    n, fps, frames = opencv_view(r.data)
+    # the engine reads exactly the planned frames at the planned rate, and samples all of them
+    assert n == r.frames == len(frames)
+    assert Fraction(fps).limit_denominator(1000) == r.plan.rate
+    assert vt.sample_indices(n, fps) == list(range(n))
+    # the token count follows from what OpenCV reports
+    assert vt.video_tokens(n, fps, frames[0].shape[1], frames[0].shape[0]).total == r.after.total
+    # every state (start time) appears in some output frame, and each output frame shows the
+    # state that was on screen at its own timestamp j / R
+    states = corpus.screen_states(640, 360, len(times), 3)
+    thumbs = [dedupe.thumbnail(av.VideoFrame.from_ndarray(s, format="rgb24"), 128) for s in states]
+
+    def which(img):
+        from PIL import Image
+        img = np.asarray(Image.fromarray(img).resize((640, 360), Image.BICUBIC))
+        t = dedupe.thumbnail(av.VideoFrame.from_ndarray(img, format="rgb24"), 128)
+        return int(np.argmin([np.abs(t.astype(int) - u).mean() for u in thumbs]))
+
+    shown = [which(f) for f in frames]
+    assert set(shown) == set(range(len(times)))
+    for j, s in enumerate(shown):
+        t = j / fps
+        on_screen = max(i for i, st0 in enumerate(times) if st0 <= t + 1e-9)
+        if j == len(shown) - 1 and r.plan.held_past_end:
+            assert s == len(times) - 1
+        else:
+            assert s == on_screen, (j, t, s, on_screen)
+    assert r.plan.states == len(times)
+    assert r.after.total < r.before.total
+
+
+def test_motion_keeps_every_sample_at_the_engine_rate(motion):
+    r = rewrite_video(motion, VideoSettings(max_long_side=256))
+    assert r.plan.step == 1 and r.plan.rate == 2 and r.frames == 8     # 4 s at 2 fps
+    n, fps, frames = opencv_view(r.data)
+    assert (n, fps, len(frames)) == (8, 2.0, 8)
+    assert (frames[0].shape[1], frames[0].shape[0]) == (r.width, r.height) == (256, 192)
+    assert r.frame_times == tuple(j / 2 for j in range(8))
+    assert r.before.frames == 8 and r.after.frames == 8      # raw: int(120 / 30 x 2) = 8 samples too
+
+
+def test_output_is_deterministic(screen):
+    a = rewrite_video(screen[0], VideoSettings(max_long_side=640))
+    b = rewrite_video(screen[0], VideoSettings(max_long_side=640))
+    assert a.data == b.data and a.digest == b.digest
+
+
+def test_long_video_halves_the_rate_within_max_frames(motion):
+    r = rewrite_video(motion, VideoSettings(max_long_side=128, max_frames=4, dedupe=False))
+    assert r.sample_rate == 1 and r.samples == 4 and r.frames == 4
+
+
+def test_engine_pixel_budget_is_applied_before_sending(motion):
+    spec = vt.VideoProcessorSpec(max_pixels=8 * 128 * 96)
+    r = rewrite_video(motion, VideoSettings(max_long_side=256, engine=spec))
+    assert r.frames * r.width * r.height <= spec.max_pixels
+    assert vt.video_smart_resize(r.frames, r.height, r.width, spec) == (r.height, r.width)
+
+
+def test_plan_step_is_the_shortest_state():
+    f = Fraction(2)
+    kept = [True, False, False, False, True, False, False, True, False, False, False, False, True]
+    p = plan(kept, f, Fraction(1, 10))
+    assert p.step == 3 and p.rate == Fraction(2, 3)
+    assert p.grid == (0, 3, 6, 9, 12) and p.sources == (0, 0, 4, 7, 12)
+    # last state shorter than a step and off the grid: one frame holds it past the end
+    p = plan([True, False, False, True, True], f, Fraction(1, 10))
+    assert p.step == 1
+    p = plan([True, False, False, False, True, False, False, False, True], f, Fraction(1, 10))
+    assert p.step == 4 and p.grid == (0, 4, 8)
+    p = plan([True, False, False, False, True, False, False, False, False, True], f, Fraction(1, 10))
+    assert p.grid == (0, 4, 8, 12) and p.held_past_end and p.sources[-1] == 9
+    # min_fps caps the step; a single sample still yields the engine's two frames
+    assert plan([True] + [False] * 99, f, Fraction(1, 5)).step == 10
+    assert plan([True], f, Fraction(1, 5)).grid == (0, 1)
+
+
+# -- hostile inputs: refused with a code, in bounded time and memory -----------------------------
+
+_CHILD = textwrap.dedent("""
+    import json, resource, sys, time
+    from vlm_gateway.middleware.video.rewrite import rewrite_video
+    from vlm_gateway.middleware.video.settings import VideoSettings
+    from vlm_gateway.middleware.video.errors import VideoError
+    data = open(sys.argv[1], "rb").read()
+    kw = json.loads(sys.argv[2])
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.monotonic()
+    try:
+        rewrite_video(data, VideoSettings(**kw)); code = None
+    except VideoError as e:
+        code = e.code
+    print(json.dumps({"code": code, "s": time.monotonic() - t,
+                      "rss_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024}))
+""")
+
+
+def refuse(tmp_path, data: bytes, **settings) -> dict:
+    p = tmp_path / "in.bin"
+    p.write_bytes(data)
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(p), json.dumps(settings)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name,make,code,settings", [
+    ("zip served as video/mp4", corpus.zip_bytes, "unsupported_video_format", {}),
+    ("HTML served as video/mp4", lambda: corpus.HTML, "unsupported_video_format", {}),
+    ("empty", lambda: b"", "video_empty", {}),
+    ("truncated MP4 (index at the end)", lambda: corpus.truncated(corpus.motion_clip(2, 160, 120, 30)),
+     "video_corrupt", {}),
+    ("truncated MPEG-TS", lambda: corpus.truncated(corpus.encode(corpus.motion_frames(2, 160, 120, 30), 30,
+                                                                  fmt="mpegts"), 0.5), None, {}),
+    ("huge declared frame size", corpus.huge_frame_size, "video_frame_too_large", {}),
+    ("pixel bomb without a frame count", lambda: corpus.pixel_bomb(120, 1920, 1080), "video_too_many_pixels",
+     {"max_decoded_pixels": 100_000_000}),
+    ("thousands of tiny frames", lambda: corpus.tiny_frames(40_000), "video_too_many_frames", {}),
+    ("stream running past the duration limit", lambda: corpus.long_stream(2000), "video_too_long", {}),
+    ("over the byte limit", lambda: corpus.motion_clip(1, 160, 120, 30), "video_too_large", {"max_bytes": 1000}),
+])
+def test_hostile_inputs_are_refused_quickly(tmp_path, name, make, code, settings):
+    res = refuse(tmp_path, make(), **settings)
+    if code is None:
+        # a truncated stream without an index decodes what is there: no crash, a short video
+        assert res["code"] is None
+    else:
+        assert res["code"] == code, (name, res)
+    assert res["s"] < 10, (name, res)
+    assert res["rss_mib"] < 200, (name, res)
+
+
+def test_decode_deadline(tmp_path):
+    res = refuse(tmp_path, corpus.pixel_bomb(120, 1920, 1080), max_decode_s=0.05)
+    assert res["code"] == "video_decode_timeout" and res["s"] < 5
+
+
+def test_errors_name_what_the_bytes_are():
+    from vlm_gateway.middleware.video.probe import sniff
+    with pytest.raises(VideoError, match="zip archive"):
+        sniff(corpus.zip_bytes())
+    with pytest.raises(VideoError, match="HTML"):
+        sniff(corpus.HTML)
+    with pytest.raises(VideoError, match="image"):
+        sniff(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)

@@ -1,0 +1,88 @@
+"""Media bytes counted per request and bounded per process.
+
+Per request (``ChatRequest.media_bytes``): every data: payload and every fetched
+body counts by kind against ``limits.max_total_<kind>_bytes`` (image embeddings
+count as images), so a small request naming many large URLs is refused with
+413 naming the part and the key, however its bytes arrive.
+
+Per process: the bytes held for requests (fetched bodies as they stream in,
+decoded data: payloads) are reserved from one bound,
+
+    sum over requests in flight of held bytes <= limits.max_media_bytes_in_flight
+
+and a reservation past it answers 503 with ``Retry-After``. A request gives its
+reservation back when it ends (``req.on_finish``), however it ends.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ... import metrics
+from ...proxy.errors import PayloadTooLarge, Unavailable
+
+if TYPE_CHECKING:
+    from ...config import LimitsConfig
+    from ...proxy.request import ChatRequest, MediaPart
+
+# the per-request total that each kind counts against
+TOTAL_KEY = {"image": "max_total_image_bytes", "embeds": "max_total_image_bytes",
+             "video": "max_total_video_bytes", "audio": "max_total_audio_bytes"}
+_BUCKET = {"embeds": "image"}
+
+
+class MediaBudget:
+    def __init__(self, limits: "LimitsConfig") -> None:
+        self.limits = limits
+        self.limit = limits.max_media_bytes_in_flight
+        self.used = 0
+
+    def count(self, req: "ChatRequest", part: "MediaPart", n: int) -> None:
+        """Count ``n`` bytes of ``part`` against its request's total for the kind."""
+        bucket = _BUCKET.get(part.kind, part.kind)
+        key = TOTAL_KEY.get(part.kind)
+        cap = getattr(self.limits, key) if key else 0
+        tally = req.media_bytes.by_kind
+        total = tally.get(bucket, 0) + n
+        tally[bucket] = total
+        if cap and total > cap:
+            raise PayloadTooLarge(f"The request's {bucket} bytes (data: payloads and fetched bodies) reach {total}, "
+                                  f"above the limit limits.{key} ({cap}) at {part.param}", param=part.param,
+                                  code=f"{bucket}_bytes_too_large", reason=f"{bucket}_bytes_too_large")
+
+    def hold(self, req: "ChatRequest", part: "MediaPart", n: int) -> None:
+        """Reserve ``n`` bytes held in memory for ``req`` (503 past the process bound)."""
+        if n <= 0:
+            return
+        if self.limit and self.used + n > self.limit:
+            raise Unavailable(f"The gateway holds its limit of media bytes in flight "
+                              f"(limits.max_media_bytes_in_flight = {self.limit}) and cannot take "
+                              f"{part.param} now; retry shortly", param=part.param, code="media_bytes_in_flight",
+                              headers={"retry-after": "1"}, reason="media_bytes_in_flight")
+        if req.media_bytes.held == 0:
+            req.on_finish.append(self.release)
+        req.media_bytes.held += n
+        self.used += n
+        metrics.MEDIA_BYTES_IN_FLIGHT.inc(n)
+
+    def fetched(self, req: "ChatRequest", part: "MediaPart"):
+        """``on_chunk`` for a fetch of ``part``: count and hold every chunk."""
+        def on_chunk(n: int) -> None:
+            self.count(req, part, n)
+            self.hold(req, part, n)
+        return on_chunk
+
+    def release(self, req: "ChatRequest") -> None:
+        n = req.media_bytes.held
+        if n:
+            req.media_bytes.held = 0
+            self.used -= n
+            metrics.MEDIA_BYTES_IN_FLIGHT.dec(n)
+
+
+def for_gateway(gw) -> MediaBudget:
+    """The process's one budget (every worker process has its own)."""
+    b = getattr(gw, "media_budget", None)
+    if b is None:
+        b = gw.media_budget = MediaBudget(gw.cfg.limits)
+    return b

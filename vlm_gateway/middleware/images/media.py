@@ -1,0 +1,115 @@
+"""The media stage for parts other than images: ``video_url``, ``audio_url``,
+``input_audio`` and (where ``images.allow_image_embeds``) ``image_embeds``.
+
+Each goes through the same source policy as an image (``source.MediaSources``):
+a data: URI is size-checked against its kind's per-part cap and decoded to
+identify it; an http(s) URL is fetched by the safe fetcher (its kind's cap, every
+chunk counted against the request's total and the process's bytes in flight)
+and inlined as a data: URI, so the engine never fetches anything itself; under
+``url_mode: reject`` a URL is refused, under ``passthrough`` it is checked here
+and forwarded. ``part.content_hash`` is the hash of the bytes sent.
+
+What is sent for a source is decided by the kind's ``MediaRewrite`` in
+``REWRITES``. Video and audio are forwarded as they came today; a video pipeline
+(frame sampling, near-duplicate removal) plugs in by replacing
+``REWRITES["video"]``: it receives the part and its resolved ``Source`` (bytes,
+hash, declared content type) and returns the ``Sent`` URL with the identity of
+what it sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+from ... import metrics
+from .decode import ImageError
+from .encode import data_uri
+from .fetch import FetchError
+from .source import MediaSources, Source, as_error, media_sources
+
+if TYPE_CHECKING:
+    from ...proxy.gateway import Gateway
+    from ...proxy.request import ChatRequest, MediaPart
+
+KINDS = ("video", "audio", "embeds")
+
+
+@dataclass(slots=True)
+class Sent:
+    """What goes upstream for a part: its URL (None = the part as the client sent
+    it) and the content identity of those bytes."""
+
+    url: str | None
+    identity: str
+
+
+MediaRewrite = Callable[["MediaPart", Source], Awaitable[Sent]]
+
+# container signatures -> MIME type, for inlining fetched bodies
+_MAGIC = (
+    (4, b"ftypqt", "video/quicktime"), (4, b"ftyp", "video/mp4"), (0, b"\x1a\x45\xdf\xa3", "video/webm"),
+    (0, b"OggS", "application/ogg"), (0, b"fLaC", "audio/flac"), (0, b"ID3", "audio/mpeg"),
+    (0, b"\xff\xfb", "audio/mpeg"), (0, b"\xff\xf3", "audio/mpeg"), (0, b"\xff\xf1", "audio/aac"),
+)
+
+
+def mime_of(data: bytes, declared: str, kind: str) -> str:
+    """From the bytes where they say, else the origin's video/* or audio/* type."""
+    if data[:4] == b"RIFF":
+        return {b"WAVE": "audio/wav", b"AVI ": "video/x-msvideo"}.get(data[8:12], "application/octet-stream")
+    for off, sig, mime in _MAGIC:
+        if data[off:off + len(sig)] == sig:
+            return mime
+    d = declared.split(";", 1)[0].strip().lower()
+    # video/jpeg would make vLLM read the payload as a list of frames
+    if d.startswith(f"{kind}/") and d != "video/jpeg" and all(c.isalnum() or c in "/.+-" for c in d):
+        return d
+    return "application/octet-stream"
+
+
+async def forward(part: "MediaPart", src: Source) -> Sent:
+    """The bytes as they came: a data: URI or inline payload untouched, a fetched
+    body inlined as a data: URI, a checked pass-through URL unchanged."""
+    if src.kind == "url":
+        assert src.data is not None
+        return Sent(data_uri(src.data, mime_of(src.data, src.content_type, part.kind)), src.hash)
+    return Sent(None, src.hash)
+
+
+REWRITES: dict[str, MediaRewrite] = {"video": forward, "audio": forward, "embeds": forward}
+
+
+class MediaStage:
+    def __init__(self, gw: "Gateway") -> None:
+        self.sources: MediaSources = media_sources(gw)
+        self.allow_embeds = gw.cfg.images.allow_image_embeds
+
+    async def one(self, req: "ChatRequest", part: "MediaPart") -> None:
+        try:
+            src = await self.sources.resolve(req, part)
+        except (ImageError, FetchError) as e:
+            metrics.MEDIA_PARTS.labels(part.kind, "refused").inc()
+            raise as_error(part, e) from None
+        sent = await REWRITES[part.kind](part, src)
+        if sent.url is not None:
+            part.set_url(sent.url)
+        part.content_hash = sent.identity
+        part.source_bytes = src.size
+        metrics.MEDIA_PARTS.labels(part.kind, "inlined" if src.kind == "url" else
+                                   "url_passthrough" if src.kind == "url_passthrough" else "forwarded").inc()
+
+    async def __call__(self, req: "ChatRequest"):
+        parts = [p for p in req.media if p.kind in KINDS]
+        if not parts:
+            return None
+        results = await asyncio.gather(*(self.one(req, p) for p in parts), return_exceptions=True)
+        for r in results:  # the first failing part, in order
+            if isinstance(r, BaseException):
+                raise r
+        return None
+
+
+def make(gw: "Gateway"):
+    return MediaStage(gw)

@@ -1,0 +1,186 @@
+"""Synthetic videos (generated with PyAV's bundled FFmpeg, nothing downloaded), for the
+tests, the CPU benchmark and the GPU load generator:
+
+- ``motion_clip``: every frame differs (moving gradient, moving boxes, a frame counter);
+- ``screen_recording``: a desktop-like UI at 1920x1080 whose content changes at given
+  times (a new document, a dialog, a scroll) with a blinking caret in between; returns
+  the change times so a test can check that every state reached the output;
+- hostile inputs: truncated, huge declared frame size, a pixel bomb, thousands of tiny
+  frames, a stream running past the duration limit, plus non-video bytes.
+
+Deterministic: the same arguments give the same bytes (x264 in one thread).
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from fractions import Fraction
+from typing import Callable, Iterable
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+
+def encode(frames: Iterable[np.ndarray], fps: Fraction | int, fmt: str = "mp4", codec: str = "libx264",
+           crf: int = 23, preset: str = "veryfast", gop: int = 60, pix_fmt: str = "yuv420p") -> bytes:
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format=fmt) as out:
+        s = None
+        for j, arr in enumerate(frames):
+            if s is None:
+                opts = {"threads": "1"}
+                if codec == "libx264":
+                    opts.update(crf=str(crf), preset=preset, **{"x264-params": f"keyint={gop}"})
+                s = out.add_stream(codec, rate=Fraction(fps), options=opts)
+                s.height, s.width = arr.shape[:2]
+                s.pix_fmt = pix_fmt
+                s.codec_context.thread_count = 1
+            vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
+            vf.pts = j
+            for p in s.encode(vf):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    return buf.getvalue()
+
+
+def _font(size: int):
+    for path in ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+                 "/usr/share/fonts/TTF/DejaVuSans.ttf"):
+        try:
+            return ImageFont.truetype(path, size)
+        except OSError:
+            continue
+    return ImageFont.load_default()
+
+
+def motion_frames(seconds: float = 10, w: int = 1280, h: int = 720, fps: int = 30, seed: int = 0):
+    rng = random.Random(seed)
+    boxes = [(rng.randrange(w), rng.randrange(h), rng.choice((-9, -5, 5, 9)), rng.choice((-7, -3, 3, 7)),
+              tuple(rng.randrange(256) for _ in range(3))) for _ in range(12)]
+    y, x = np.mgrid[0:h, 0:w]
+    font = _font(48)
+    for i in range(int(seconds * fps)):
+        base = ((x + 6 * i) % 256).astype(np.uint8)
+        arr = np.stack([base, ((y + 3 * i) % 256).astype(np.uint8), ((x + y - 4 * i) % 256).astype(np.uint8)], -1)
+        im = Image.fromarray(arr)
+        d = ImageDraw.Draw(im)
+        for bx, by, vx, vy, col in boxes:
+            cx, cy = (bx + vx * i) % w, (by + vy * i) % h
+            d.rectangle([cx, cy, cx + 120, cy + 80], fill=col)
+        d.text((40, 40), f"frame {i:04d}", fill=(255, 255, 255), font=font)
+        yield np.asarray(im)
+
+
+def motion_clip(seconds: float = 10, w: int = 1280, h: int = 720, fps: int = 30, seed: int = 0) -> bytes:
+    """Motion in every frame (the case where only sampling and downscale save tokens)."""
+    return encode(motion_frames(seconds, w, h, fps, seed), fps, crf=23)
+
+
+def screen_states(w: int, h: int, n: int, seed: int) -> list[np.ndarray]:
+    """``n`` distinct desktop screens: title bar, sidebar, a document of text lines."""
+    rng = random.Random(seed)
+    body, small, big = _font(22), _font(18), _font(40)
+    out = []
+    for s in range(n):
+        im = Image.new("RGB", (w, h), (246, 246, 248))
+        d = ImageDraw.Draw(im)
+        d.rectangle([0, 0, w, 48], fill=(40, 44, 52))
+        d.text((20, 12), f"Report editor - document {s + 1} of {n}", fill=(230, 230, 230), font=small)
+        d.rectangle([0, 48, 280, h], fill=(228, 230, 235))
+        for j in range(18):
+            d.text((20, 70 + 44 * j), f"folder {j + 1:02d}", fill=(60, 60, 70), font=body)
+        d.text((330, 80), f"Section {s + 1}: quarterly figures", fill=(20, 20, 30), font=big)
+        for j in range(22):
+            words = " ".join(rng.choice(("revenue", "margin", "region", "total", "forecast", "units",
+                                         "growth", "cost", "target", "north", "south")) for _ in range(7))
+            d.text((330, 150 + 38 * j), f"{j + 1:02d}. {words} {rng.randrange(10000):5d}.{rng.randrange(100):02d}",
+                   fill=(30, 30, 30), font=body)
+        if s % 3 == 2:   # a dialog over the document
+            d.rectangle([w // 2 - 300, h // 2 - 120, w // 2 + 300, h // 2 + 120], fill=(255, 255, 255),
+                        outline=(0, 90, 200), width=4)
+            d.text((w // 2 - 260, h // 2 - 60), f"Save changes to document {s + 1}?", fill=(0, 0, 0), font=big)
+        out.append(np.asarray(im))
+    return out
+
+
+def screen_change_times(seconds: float, seed: int = 1, lo: float = 3.0, hi: float = 6.0) -> list[float]:
+    """Start times of each state: 0, then every ``lo``-``hi`` s (rounded to 0.1 s)."""
+    rng = random.Random(seed)
+    times = [0.0]
+    while True:
+        t = round(times[-1] + rng.uniform(lo, hi), 1)
+        if t >= seconds - 1.0:
+            return times
+        times.append(t)
+
+
+def screen_frames(seconds: float, w: int, h: int, fps: int, times: list[float], seed: int = 1):
+    states = screen_states(w, h, len(times), seed)
+    for i in range(int(seconds * fps)):
+        t = i / fps
+        s = max(j for j, st in enumerate(times) if st <= t + 1e-9)
+        arr = states[s]
+        if int(t * 2) % 2 == 0:      # caret blinking at 1 Hz
+            arr = arr.copy()
+            arr[160:186, 1500:1502] = 0
+        yield arr
+
+
+def screen_recording(seconds: float = 60, w: int = 1920, h: int = 1080, fps: int = 30,
+                     seed: int = 1) -> tuple[bytes, list[float]]:
+    """A screen recording whose screen changes every 3-6 s; returns (bytes, state start times)."""
+    times = screen_change_times(seconds, seed)
+    return encode(screen_frames(seconds, w, h, fps, times, seed), fps, crf=23, gop=300), times
+
+
+# -- hostile inputs ------------------------------------------------------------------------
+
+def truncated(data: bytes, keep: float = 0.6) -> bytes:
+    return data[: int(len(data) * keep)]
+
+
+def blank_frames(n: int, w: int, h: int) -> Iterable[np.ndarray]:
+    arr = np.zeros((h, w, 3), np.uint8)
+    for _ in range(n):
+        yield arr
+
+
+def huge_frame_size() -> bytes:
+    """A few KB declaring 8192x8192 frames (67 megapixels each)."""
+    return encode(blank_frames(2, 8192, 8192), 1, preset="ultrafast")
+
+
+def pixel_bomb(frames: int = 3000, w: int = 3840, h: int = 2160, fmt: str = "matroska") -> bytes:
+    """Black 4K frames: tiny file, tens of gigapixels decoded; Matroska declares no frame count."""
+    return encode(blank_frames(frames, w, h), 30, fmt=fmt, preset="ultrafast", gop=frames)
+
+
+def tiny_frames(frames: int = 40_000, fps: int = 1000, fmt: str = "matroska") -> bytes:
+    """Thousands of 16x16 frames."""
+    return encode(blank_frames(frames, 16, 16), fps, fmt=fmt, preset="ultrafast", gop=frames)
+
+
+def long_stream(seconds: int = 2000, fmt: str = "mpegts") -> bytes:
+    """A stream that runs past any duration limit (1 fps, 32x32), without a useful header."""
+    return encode(blank_frames(seconds, 32, 32), 1, fmt=fmt, preset="ultrafast", gop=seconds)
+
+
+def zip_bytes() -> bytes:
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("movie.mp4", b"\x00" * 1000)
+    return buf.getvalue()
+
+
+HTML = b"<!DOCTYPE html><html><head><title>404</title></head><body>Not found</body></html>"
+
+
+def cached(fn: Callable[..., bytes]):
+    """Memoise a generator in-process (tests build the same clip many times)."""
+    import functools
+    return functools.lru_cache(maxsize=None)(fn)

@@ -1,0 +1,80 @@
+"""Streaming decode with hard bounds: ``frames(container, stream, header, settings)``
+yields ``(t, frame)`` for every decoded frame, ``t`` in seconds from the first frame
+(a frame without a timestamp, or one that goes backwards, takes the previous time).
+
+Bounds, checked on what is decoded, each a VideoError with its code:
+- frames decoded <= max_source_frames                    video_too_many_frames
+- every frame's pixels <= max_frame_pixels (a stream may change size mid-way)
+                                                          video_frame_too_large
+- sum of decoded pixels <= max_decoded_pixels            video_too_many_pixels
+- t <= max_duration_s                                    video_too_long
+- wall clock since ``started`` <= max_decode_s           video_decode_timeout
+- FFmpeg demux/decode errors                              video_corrupt
+- fewer frames than the container declares (nb_frames)   video_truncated
+
+Memory: one decoded frame at a time plus FFmpeg's reference frames; the caller keeps
+only what it samples. Codec threads: ``threads`` (1 by default: the pool gives the
+parallelism, one decode per worker).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+from .errors import VideoError
+from .probe import VideoHeader
+from .settings import VideoSettings
+
+
+def frames(container, stream, header: VideoHeader, settings: VideoSettings, started: float | None = None,
+           threads: int = 1) -> Iterator[tuple[float, object]]:
+    import av
+
+    started = time.monotonic() if started is None else started
+    cc = stream.codec_context
+    cc.thread_count = max(1, threads)   # PyAV's default (0) would start a thread per core
+    if threads > 1:
+        cc.thread_type = "AUTO"
+    n = 0
+    pixels = 0
+    t0: float | None = None
+    last_t = 0.0
+    try:
+        for packet in container.demux(stream):
+            if time.monotonic() - started > settings.max_decode_s:
+                raise VideoError(f"decoding the video took more than {settings.max_decode_s:.0f} s",
+                                 "video_decode_timeout")
+            for frame in packet.decode():
+                n += 1
+                if n > settings.max_source_frames:
+                    raise VideoError(f"the video has more than {settings.max_source_frames} frames",
+                                     "video_too_many_frames")
+                fp = frame.width * frame.height
+                if fp > settings.max_frame_pixels:
+                    raise VideoError(f"a frame of the video is {frame.width}x{frame.height}, above the limit of "
+                                     f"{settings.max_frame_pixels / 1e6:.1f} megapixels", "video_frame_too_large")
+                pixels += fp
+                if pixels > settings.max_decoded_pixels:
+                    raise VideoError(f"the video decodes to more than {settings.max_decoded_pixels / 1e9:.1f} "
+                                     "gigapixels in all", "video_too_many_pixels")
+                ft = frame.time
+                if ft is not None:
+                    if t0 is None:
+                        t0 = ft
+                    t = max(last_t, ft - t0)
+                else:
+                    t = last_t if n > 1 else 0.0
+                if t > settings.max_duration_s:
+                    raise VideoError(f"the video runs longer than {settings.max_duration_s:.0f} s",
+                                     "video_too_long")
+                last_t = t
+                yield t, frame
+    except av.FFmpegError as e:
+        raise VideoError(f"the video stream is corrupt ({str(e).split(':')[0][:80]})", "video_corrupt") from None
+    if n == 0:
+        raise VideoError("the video stream has no decodable frame", "video_corrupt")
+    declared = header.nb_frames
+    if declared and n + max(2, declared // 100) < declared:
+        raise VideoError(f"the video is truncated: {n} of the {declared} frames it declares could be decoded",
+                         "video_truncated")
