@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 from ... import metrics
 from ...proxy.errors import BadRequest, GatewayError, Unavailable
 from ..grounding import plan as grounding
-from .decode import MIME, ImageError, probe
+from .decode import ImageError, probe
 from .encode import data_uri
 from .fetch import FetchError, check_address
 from .l1 import L1Cache
 from .policy import POLICY_HEADER, Policy, parse_header, resolve
-from .rewrite import Rewritten, needs_rewrite, rewrite, tokens
+from .rewrite import Rewritten, rewrite, tokens
 from .source import Source, as_error, content_hash, media_sources
 
 if TYPE_CHECKING:
