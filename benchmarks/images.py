@@ -8,7 +8,13 @@ image; plus the pass-through path (header probe + hash of a compliant image).
 Part 2 (end to end): rewritten images/s through a real gateway (1 and 2
 workers) in front of the simulator, distinct images so every request rewrites.
 
-    python benchmarks/images.py [--reps 15] [--e2e-seconds 10] [--skip-e2e]
+Part 3 (CPU, one core): per format, what an image within budget costs now that it
+is verified before passing through (structural scan + open + decode; JPEG at 1/8
+scale) beside the header probe alone, what converting it costs when it must be
+(AVIF, HEIC, animation, Display P3, nclx, 16-bit, transparency), and the full
+rewrite of a 1920x1080 image in each format.
+
+    python benchmarks/images.py [--reps 15] [--e2e-seconds 10] [--skip-e2e] [--formats-only]
 """
 
 from __future__ import annotations
@@ -155,16 +161,64 @@ def part2(seconds: float) -> list[str]:
     return rows
 
 
+def part3(reps: int) -> list[str]:
+    from PIL import Image as PILImage
+
+    from vlm_gateway.middleware.images.decode import HEIF
+    photo = PILImage.fromarray(C.photo_array(768, 512))
+    within = [("JPEG q90", C.save(photo, "JPEG", quality=90)), ("PNG photo", C.save(photo, "PNG")),
+              ("PNG screenshot", C.screenshot_png(768, 512, (40, 20))), ("WebP q90", C.save(photo, "WEBP", quality=90)),
+              ("GIF (palette)", C.save(photo.convert("P"), "GIF")),
+              ("PNG, sRGB ICC (passes)", C.srgb_tagged_png(768, 512)),
+              ("PNG, Display P3 ICC", C.p3_tagged("PNG", (250, 10, 10), 768, 512)),
+              ("JPEG, Display P3 ICC", C.save(photo, "JPEG", quality=90, icc_profile=C.display_p3_icc())),
+              ("PNG RGBA, transparent", C.rgba_png(768, 512)), ("PNG 16-bit gray", C.png16_gray(768, 512)),
+              ("JPEG CMYK", C.cmyk_jpeg(768, 512)), ("JPEG EXIF-rotated", C.exif_rotated_jpeg(768, 512)),
+              ("GIF animated, 3 frames", C.frames("GIF", 768, 512)), ("WebP animated", C.frames("WEBP", 768, 512)),
+              ("APNG", C.frames("PNG", 768, 512)), ("TIFF", C.save(photo, "TIFF")), ("BMP", C.save(photo, "BMP")),
+              ("AVIF q80", C.save(photo, "AVIF", quality=80)),
+              ("AVIF, nclx Display P3", C.with_nclx(C.save(photo, "AVIF", quality=80), primaries=12))]
+    if HEIF:
+        within += [("HEIC q80", C.heic(image=photo)), ("HEIC 10-bit", C.heic_10bit(768, 512))]
+    rows = ["| image within budget (768x512) | bytes | header probe + hash ms | now: verify (+ convert) ms median | p99 | "
+            "outcome |", "|---|---|---|---|---|---|"]
+    for name, data in within:
+        header = probe(data, 64_000_000)
+        p_med, _, _ = cpu_ms(lambda: (content_hash(data), probe(data, 64_000_000)), reps * 10)
+        med, p99, r = cpu_ms(lambda: rewrite(data, header, Policy()), reps)
+        outcome = "pass-through" if r.passthrough else f"converted ({', '.join(r.conversions)}) -> {r.mime.split('/')[1]}"
+        rows.append(f"| {name} | {len(data)} | {p_med:.3f} | {med:.2f} | {p99:.2f} | {outcome} |")
+        print(rows[-1], flush=True)
+    big = PILImage.fromarray(C.photo_array(1920, 1080))
+    over = [("JPEG q90", C.save(big, "JPEG", quality=90)), ("PNG", C.save(big, "PNG")),
+            ("WebP q90", C.save(big, "WEBP", quality=90)), ("GIF", C.save(big.convert("P"), "GIF")),
+            ("TIFF", C.save(big, "TIFF")), ("BMP", C.save(big, "BMP")), ("AVIF q80", C.save(big, "AVIF", quality=80))]
+    if HEIF:
+        over.append(("HEIC q80", C.heic(image=big)))
+    rows += ["", "| 1920x1080 source | bytes | rewrite to 768x448 ms median | p99 | conversions |", "|---|---|---|---|---|"]
+    for name, data in over:
+        header = probe(data, 64_000_000)
+        med, p99, r = cpu_ms(lambda: rewrite(data, header, Policy()), reps)
+        rows.append(f"| {name} | {len(data)} | {med:.1f} | {p99:.1f} | {', '.join(r.conversions) or '-'} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--e2e-seconds", type=float, default=10.0)
     ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--formats-only", action="store_true")
     a = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # part 1 on one core
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # parts 1 and 3 on one core
+    if a.formats_only:
+        print("\n".join(part3(a.reps)))
+        return
     rows = part1(a.reps)
     print("\n".join(rows))
+    print("\n".join(part3(a.reps)))
     if not a.skip_e2e:
         os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
         print("\n".join(part2(a.e2e_seconds)))

@@ -9,6 +9,7 @@ import io
 import threading
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from PIL import Image
@@ -187,3 +188,117 @@ def test_guard_on_and_backend_cap(servers, image_server):
     assert r.status_code == 200, r.text
     assert max(decoded(received_images(sim)[0]).size) <= 512
     assert r.headers["x-vlm-gateway-visual-tokens"].startswith("before=2040;after=")
+
+
+# -- formats phones and browsers send, through the OpenAI SDK ------------------------------
+
+from vlm_gateway.middleware.images import decode as D  # noqa: E402
+
+CONVERTED = "x-vlm-gateway-image-converted"
+_heif = pytest.mark.skipif(not D.HEIF, reason="pillow-heif (the 'heif' extra) is not installed")
+
+
+def sdk_chat(gw, urls: list[str]):
+    client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)
+    content = [{"type": "text", "text": "describe"}] + [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+    return client.chat.completions.with_raw_response.create(
+        model=SIM_MODEL, max_tokens=4, messages=[{"role": "user", "content": content}])
+
+
+@pytest.mark.parametrize("name,make,mime,size,expect", [
+    ("avif", lambda: C.avif(1600, 1200), "image/avif", (768, 576), "format:avif"),
+    pytest.param("heic", lambda: C.heic(1600, 1200), "image/heic", (768, 576), "format:heif", marks=_heif),
+    ("avif-small", lambda: C.avif(600, 400), "image/avif", (600, 400), "format:avif"),
+    pytest.param("heic-small", lambda: C.heic(600, 400), "image/heic", (600, 400), "format:heif", marks=_heif),
+    pytest.param("heic-10bit", lambda: C.heic_10bit(640, 480), "image/heic", (640, 480), "10-bit", marks=_heif),
+    ("gif-animated", lambda: C.frames("GIF"), "image/gif", (640, 480), "frames:first-of-3"),
+    ("apng", lambda: C.frames("PNG"), "image/png", (640, 480), "frames:first-of-3"),
+    ("webp-animated", lambda: C.frames("WEBP"), "image/webp", (640, 480), "frames:first-of-3"),
+    ("avif-animated", lambda: C.frames("AVIF"), "image/avif", (640, 480), "frames:first-of-3"),
+    ("tiff", lambda: C.tiff(600, 400), "image/tiff", (600, 400), "format:tiff"),
+    ("bmp", lambda: C.bmp(600, 400), "image/bmp", (600, 400), "format:bmp"),
+    ("cmyk-jpeg", lambda: C.cmyk_jpeg(600, 400), "image/jpeg", (600, 400), "mode:CMYK"),
+    ("exif-rotated", lambda: C.exif_rotated_jpeg(600, 400), "image/jpeg", (400, 600), "orientation:6"),
+    ("png-16bit", lambda: C.png16_gray(600, 400), "image/png", (600, 400), "16-bit"),
+    ("png-transparent", lambda: C.rgba_png(), "image/png", (600, 400), "alpha:white"),
+])
+def test_each_format_reaches_the_engine_as_jpeg_or_png(env, name, make, mime, size, expect):
+    sim, gw = env
+    raw = sdk_chat(gw, [uri(make(), mime)])
+    assert raw.parse().choices[0].message.content
+    sent = decoded(received_images(sim)[0])
+    assert sent.format in ("JPEG", "PNG") and sent.size == size, (name, sent.format, sent.size)
+    note = raw.headers[CONVERTED]
+    assert note.startswith("messages[0].content[1].image_url=") and expect in note, note
+
+
+def test_animation_rule_is_never_silent(env):
+    sim, gw = env
+    raw = sdk_chat(gw, [uri(SMALL), uri(C.frames("GIF", colours=((250, 0, 0), (0, 0, 250))), "image/gif")])
+    assert raw.headers[CONVERTED] == "messages[0].content[2].image_url=frames:first-of-2"
+    first = np.asarray(decoded(received_images(sim)[1]).convert("RGB")).astype(int)[100, 100]
+    assert first[0] > 200 and first[2] < 40
+    plain = sdk_chat(gw, [uri(SMALL)])
+    assert CONVERTED not in plain.headers  # nothing converted: no header
+
+
+def test_display_p3_image_arrives_with_the_srgb_values_a_viewer_shows(env):
+    """A Display-P3-tagged PNG of a saturated red: the engine must get the sRGB numbers
+    a colour-managed viewer displays (computed here with numpy from the published
+    primaries), not the raw P3 numbers stored in the file."""
+    sim, gw = env
+    srgb = (250, 10, 10)
+    raw_p3 = C.p3_encode(srgb)
+    data = C.p3_tagged("PNG", srgb, 512, 384)
+    assert Image.open(io.BytesIO(data)).convert("RGB").getpixel((5, 5)) == raw_p3
+    raw = sdk_chat(gw, [uri(data, "image/png")])
+    assert "icc:Display P3" in raw.headers[CONVERTED]
+    got = np.asarray(decoded(received_images(sim)[0]).convert("RGB")).astype(int)
+    assert np.abs(got - np.array(srgb)).max() <= 3, got[0, 0]
+    assert np.abs(got[0, 0] - np.array(raw_p3)).max() > 20
+
+
+def test_srgb_tagged_and_plain_small_images_still_pass_byte_for_byte(env):
+    sim, gw = env
+    urls = [uri(C.srgb_tagged_png(), "image/png"), uri(C.rgba_png(opaque=True), "image/png"), uri(SMALL)]
+    raw = sdk_chat(gw, urls)
+    assert received_images(sim) == urls
+    assert CONVERTED not in raw.headers
+    raw = sdk_chat(gw, urls)  # the second time from the verified memo
+    assert received_images(sim) == urls
+
+
+_HOSTILE = C.hostile()
+
+
+@pytest.mark.parametrize("name", sorted(_HOSTILE))
+def test_hostile_images_are_400_and_never_reach_the_engine(env, name):
+    sim, gw = env
+    data, codes = _HOSTILE[name]
+    n = len(sim.sim_requests())
+    r = chat(gw, [image_part(uri(SMALL)), image_part(uri(data, "application/octet-stream"))])
+    assert r.status_code == 400, (name, r.text[:300])
+    err = r.json()["error"]
+    assert err["code"] in codes and err["param"] == "messages[0].content[2].image_url", (name, err)
+    assert len(sim.sim_requests()) == n
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.75])
+def test_half_a_base64_string_is_a_gateway_400(env, cut):
+    sim, gw = env
+    n = len(sim.sim_requests())
+    b64 = base64.b64encode(C.screenshot_png(600, 400, (40, 20))).decode()
+    r = chat(gw, [image_part("data:image/png;base64," + b64[: int(len(b64) * cut)])])
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] in ("image_corrupt", "invalid_image_base64")
+    assert len(sim.sim_requests()) == n
+
+
+def test_playground_shows_conversions_and_runs_the_same_guards(env):
+    sim, gw = env
+    d = httpx.post(gw.url + "/ui/api/rewrite", json={"image": uri(C.avif(600, 400), "image/avif")}, timeout=30).json()
+    assert d["rewritten"] is True and d["conversions"] == ["format:avif"]
+    assert decoded(d["image"]).format in ("JPEG", "PNG")
+    # the playground's own size probe goes through the structural caps too (no bare Image.open)
+    r = httpx.post(gw.url + "/ui/api/rewrite", json={"image": uri(C.png_many_chunks(), "image/png")}, timeout=30)
+    assert r.status_code == 400 and "chunks" in r.json()["error"]["message"]

@@ -212,3 +212,97 @@ def test_header_probe_matches_pillow():
                 C.save(Image.new("RGB", (801, 401)), "WEBP", lossless=True)):
         h = probe(src, 64_000_000)
         assert (h.width, h.height) == Image.open(io.BytesIO(src)).size
+
+
+# -- hostile corpus under hard bounds (one forked child per case: RLIMIT_AS, RLIMIT_CPU) --
+
+def _bounded(*args: str) -> list[dict]:
+    import json
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, os.path.join(here, "bounded.py"), *args], capture_output=True,
+                         text=True, timeout=240, env={**os.environ, "PYTHONPATH": os.path.dirname(here)})
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def test_hostile_corpus_refused_within_time_and_memory_bounds():
+    """Every hostile case is refused with its code; each child spends < 0.5 s of CPU and
+    grows < 64 MB (before the fixes: 1.2 GB for a 29-byte GIF, 2-5 s for chunk floods)."""
+    results = _bounded("--as-mb", "768", "--cpu-s", "5")
+    assert len(results) >= 30
+    for r in results:
+        assert r["result"] in r["expected"], r
+        assert r["cpu_s"] < 0.5, r
+        assert r["rss_growth_mb"] < 64, r
+
+
+def test_bounds_harness_sees_a_real_allocation():
+    """The harness measures: a legitimate 48 MP PNG decode shows its memory, and a tight
+    address-space limit turns it into a refusal instead of a crash."""
+    import sys
+    sys.path.insert(0, __import__("os").path.dirname(__file__))
+    import bounded
+    big = C.save(Image.new("RGB", (8000, 6000), (10, 20, 30)), "PNG")
+    ok = bounded.run_case(big, 1024, 10, 64_000_000)
+    assert ok["result"] == "accepted" and ok["rss_growth_mb"] > 100
+    tight = bounded.run_case(big, 64, 10, 64_000_000)
+    assert tight["result"] == "image_too_large"
+
+
+@pytest.mark.parametrize("data", [C.gif_canvas_bomb(), C.gif_small_canvas_bomb()])
+def test_gif_frame_outside_the_screen_is_measured_by_its_real_canvas(data):
+    # the header declares a tiny image: within any budget, so it would have been forwarded
+    assert probe(data, 64_000_000).width <= 16
+    with pytest.raises(ImageError) as e:
+        rewrite_bytes(data)
+    assert e.value.code == "image_too_large" and "canvas" in str(e.value)
+
+
+def test_gif_canvas_growth_within_the_limit_is_rewritten_to_its_real_size():
+    # 16x16 screen, a frame at (1999, 999): the real image is 2000x1000 and gets the budget
+    data = C._gif((16, 16), (1999, 999, 1, 1))
+    r = rewrite_bytes(data)
+    assert (r.source_width, r.source_height) == (2000, 1000)
+    assert max(r.width, r.height) <= 768 and not r.passthrough
+
+
+def test_pillow_backstop_is_on():
+    from vlm_gateway.middleware.images import decode as D
+    assert Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS >= 64_000_000
+    D.ensure_backstop(200_000_000)
+    assert Image.MAX_IMAGE_PIXELS >= 200_000_000
+
+
+def test_tiff_pages_counted_without_walking_the_chain_quadratically():
+    import time
+    data = C.tiff_ifd_chain(1000)  # within the page cap: accepted, first page, counted
+    t0 = time.process_time()
+    r = rewrite_bytes(data)
+    assert time.process_time() - t0 < 0.5
+    assert "frames:first-of-1000" in r.conversions
+    r = rewrite_bytes(C.tiff_ifd_loop())  # a loop ends the chain, as in Pillow
+    assert "frames:first-of-2" in r.conversions
+
+
+@pytest.mark.parametrize("name,data", [
+    ("png", C.screenshot_png(600, 400, (40, 20))), ("jpeg", C.photo_jpeg(600, 400)), ("webp", C.webp(600, 400)),
+    ("gif", C.save(Image.new("P", (300, 200), 3), "GIF")),
+])
+def test_small_images_are_verified_before_passing_through(name, data):
+    r = rewrite_bytes(data)
+    assert r.passthrough and r.data is data  # valid: byte for byte
+    for cut in (0.3, 0.6, 0.95):
+        with pytest.raises(ImageError) as e:
+            rewrite_bytes(data[: int(len(data) * cut)])
+        assert e.value.code == "image_corrupt", (name, cut)
+
+
+def test_corrupted_png_chunk_caught_by_its_crc():
+    data = bytearray(C.screenshot_png(600, 400, (40, 20)))
+    data[len(data) // 2] ^= 0x55
+    with pytest.raises(ImageError) as e:
+        rewrite_bytes(bytes(data))
+    assert e.value.code == "image_corrupt" and "CRC" in str(e.value)

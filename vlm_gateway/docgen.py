@@ -59,7 +59,7 @@ NOTES: dict[str, str] = {
     "images.fetch_timeout_s": "Whole fetch of one image URL.",
     "images.max_fetch_bytes": "Byte cap of one fetched image, enforced while streaming.",
     "images.max_redirects": "Redirects followed per fetch (each target re-checked).",
-    "images.max_source_pixels": "Decompression-bomb guard: larger sources are refused before decoding.",
+    "images.max_source_pixels": "Decompression-bomb guard: checked on the declared size, again on the size the decoder really opens (every format, every GIF frame's canvas), and Pillow's own bomb check never below it (docs/IMAGES.md).",
     "images.trim_borders": "Trim uniform borders before resizing.",
     "images.trim_tolerance": "Colour distance still counted as the border colour.",
     "images.jpeg_quality": "Quality of re-encoded JPEGs.",

@@ -21,7 +21,6 @@ import binascii
 import hashlib
 import hmac
 import inspect
-import io
 import re
 import time
 from pathlib import Path
@@ -89,14 +88,14 @@ def _guarded(cfg: GatewayConfig, handler):
 # -- rewrite ---------------------------------------------------------------------------
 
 def _describe(data: bytes, cfg: GatewayConfig) -> dict[str, Any]:
-    """Size/format/tokens of encoded image bytes (header only, no full decode)."""
-    from PIL import Image
+    """Size/format/tokens of encoded image bytes (header only, no full decode). The image
+    stage's probe, not a bare Image.open: the same format allow-list and structural caps."""
+    from ..middleware.images.decode import ImageError, probe
     try:
-        with Image.open(io.BytesIO(data)) as im:
-            w, h, fmt = im.width, im.height, (im.format or "").lower()
-    except Exception:
-        raise BadRequest("The image could not be read (unsupported or corrupt file)",
-                         param="image", code="invalid_image") from None
+        head = probe(data, cfg.images.max_source_pixels)
+        w, h, fmt = head.width, head.height, head.format
+    except ImageError as e:
+        raise BadRequest(f"The image could not be read: {e}", param="image", code="invalid_image") from None
     ic = cfg.images
     try:
         tokens = visual_tokens(w, h, ic.grid_factor, ic.min_pixels, ic.max_pixels)
@@ -143,6 +142,8 @@ async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: 
                 await r
     plan = req.state.get("images") or {}
     info: dict[str, Any] = {"tokens_before": image.tokens_before, "tokens_after": image.tokens_after}
+    if plan.get("results"):
+        info["conversions"] = list(plan["results"][0][0].conversions)
     try:
         backend = gw.pool.policy.rank(req, gw.pool.candidates(req))[0]
     except GatewayError:
@@ -156,6 +157,7 @@ async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: 
             r, _ = await rewriter.rewritten(image, plan["sources"][0], capped)
             info["tokens_after"] = r.tokens_after
             info["budget"] = capped.max_long_side
+            info["conversions"] = list(r.conversions)
             return (r.url or data_uri), {**info, "rewritten": r.url is not None}
     if plan.get("policies"):
         info["budget"] = plan["policies"][0].max_long_side
@@ -210,7 +212,8 @@ def routes_rewrite(cfg: GatewayConfig):
                       "rewritten": info.get("rewritten", False), "reason": info.get("reason"),
                       "backend": info.get("backend"), "budget": info.get("budget"),
                       "tokens_saved": before["tokens"] - after["tokens"],
-                      "rewrite_ms": round(ms, 2), "image": out_uri})
+                      "rewrite_ms": round(ms, 2), "image": out_uri,
+                      "conversions": info.get("conversions", [])})
     return rewrite
 
 

@@ -95,6 +95,9 @@ async function run(ev) {
       ? `Visual tokens ${fmtInt(rw.before.tokens)} → ${fmtInt(rw.after.tokens)} (−${pct(rw.after.tokens, rw.before.tokens)}%), ` +
         `bytes ${fmtBytes(rw.before.bytes)} → ${fmtBytes(rw.after.bytes)} (−${pct(rw.after.bytes, rw.before.bytes)}%), rewritten in ${rw.rewrite_ms} ms`
       : "Sent unchanged" + (rw.reason ? ": " + rw.reason : " (already within the image budget)");
+    if (rw.conversions && rw.conversions.length) {
+      $("saving").textContent += ` · converted for the engine: ${rw.conversions.join(", ")}`;
+    }
     await ask(model, detail);
   } catch (e) {
     showError(e.message);

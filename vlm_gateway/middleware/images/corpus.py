@@ -126,3 +126,377 @@ def bomb_png(side: int = 30000) -> bytes:
 
 SVG = b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg" width="4000" height="4000"><rect width="10" height="10"/></svg>'
 TEXT_AS_IMAGE = b"Hello, I am definitely a PNG image. Trust me.\n" * 20
+
+
+# -- modern formats, colour, animation ---------------------------------------------------
+
+def avif(w: int = 1200, h: int = 800, quality: int = 80, **kw) -> bytes:
+    """AVIF written by Pillow's own libavif support."""
+    return save(Image.fromarray(photo_array(w, h)), "AVIF", quality=quality, **kw)
+
+
+def heic(w: int = 1200, h: int = 800, quality: int = 80, image: Image.Image | None = None, **kw) -> bytes:
+    """HEIC written by pillow-heif (libheif + x265)."""
+    import pillow_heif  # noqa: F401 - registers the HEIF writer
+    from pillow_heif import register_heif_opener
+    register_heif_opener()
+    return save(image if image is not None else Image.fromarray(photo_array(w, h)), "HEIF", quality=quality, **kw)
+
+
+def heic_10bit(w: int = 640, h: int = 480) -> bytes:
+    """A 10-bit HEIC from 16-bit samples (pillow-heif keeps 10 bits): a smooth ramp."""
+    import pillow_heif
+    a = np.zeros((h, w, 3), np.uint16)
+    a[..., 0] = np.linspace(0, 65535, w, dtype=np.uint16)[None, :]
+    a[..., 1] = np.linspace(0, 65535, h, dtype=np.uint16)[:, None]
+    a[..., 2] = 30000
+    hf = pillow_heif.from_bytes(mode="RGB;16", size=(w, h), data=a.tobytes())
+    buf = io.BytesIO()
+    hf.save(buf, quality=90)
+    return buf.getvalue()
+
+
+def frames(fmt: str, w: int = 640, h: int = 480, colours=((250, 0, 0), (0, 250, 0), (0, 0, 250)), **kw) -> bytes:
+    """An animation in ``fmt`` (GIF, PNG = APNG, WEBP, AVIF): one flat colour per frame."""
+    ims = [Image.new("RGB", (w, h), c) for c in colours]
+    return save(ims[0], fmt, save_all=True, append_images=ims[1:], duration=100, loop=0, **kw)
+
+
+def rgba_png(w: int = 600, h: int = 400, opaque: bool = False) -> bytes:
+    """Black text-like bars on a transparent background (engines that drop alpha see black on black)."""
+    im = Image.new("RGBA", (w, h), (0, 0, 0, 255 if opaque else 0))
+    d = ImageDraw.Draw(im)
+    for y in range(40, h - 40, 40):
+        d.rectangle([40, y, w - 40, y + 12], fill=(0, 0, 0, 255) if not opaque else (255, 255, 255, 255))
+    return save(im, "PNG")
+
+
+def png16_rgb(w: int = 400, h: int = 300, rgb16=(60000, 20000, 5000)) -> bytes:
+    """A 48-bit RGB PNG (Pillow cannot write one: IHDR bit depth 16, colour type 2, filter 0)."""
+    row = b"\x00" + struct.pack(">HHH", *rgb16) * w
+    return _png_chunks(struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0), zlib.compress(row * h))
+
+
+def tiff16_gray(w: int = 500, h: int = 300) -> bytes:
+    return save(Image.fromarray(np.tile(np.linspace(0, 65535, w, dtype=np.uint16), (h, 1))), "TIFF")
+
+
+def _png_chunks(ihdr: bytes, idat: bytes, extra: bytes = b"") -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + extra + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def display_p3_icc() -> bytes:
+    from .colour import PRIMARIES, icc_profile
+    return icc_profile(PRIMARIES[12], description="Display P3 (generated)")
+
+
+def p3_encode(srgb: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The Display P3 code values of an sRGB colour (numpy math, independent of LittleCMS)."""
+    from .colour import PRIMARIES, srgb_decode, srgb_encode, to_srgb_matrix
+    lin = srgb_decode(np.array(srgb, np.float64) / 255)
+    p3 = np.linalg.inv(to_srgb_matrix(PRIMARIES[12])) @ lin
+    return tuple(int(v) for v in np.rint(srgb_encode(p3) * 255))
+
+
+def p3_tagged(fmt: str, srgb: tuple[int, int, int] = (250, 10, 10), w: int = 640, h: int = 480) -> bytes:
+    """A flat image whose pixels are the Display P3 code values of ``srgb``, tagged Display P3:
+    a colour-managed viewer shows ``srgb``; an engine reading raw numbers sees something else."""
+    im = Image.new("RGB", (w, h), p3_encode(srgb))
+    icc = display_p3_icc()
+    if fmt == "HEIF":
+        return heic(image=im, icc_profile=icc, quality=95)
+    kw = {"quality": 95} if fmt in ("JPEG", "AVIF", "WEBP") else {}
+    return save(im, fmt, icc_profile=icc, **kw)
+
+
+def srgb_tagged_png(w: int = 400, h: int = 300) -> bytes:
+    """Tagged with an sRGB profile: sRGB in effect, so it passes through untouched."""
+    from PIL import ImageCms
+    icc = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    return save(Image.fromarray(photo_array(w, h)), "PNG", icc_profile=icc)
+
+
+def with_nclx(data: bytes, primaries: int | None = None, transfer: int | None = None) -> bytes:
+    """The same AVIF/HEIF with its ``colr nclx`` box rewritten (pixels unchanged)."""
+    i = data.index(b"colrnclx") + 8
+    out = bytearray(data)
+    if primaries is not None:
+        out[i:i + 2] = struct.pack(">H", primaries)
+    if transfer is not None:
+        out[i + 2:i + 4] = struct.pack(">H", transfer)
+    return bytes(out)
+
+
+# -- ISOBMFF (AVIF/HEIF) crafting for the hostile corpus ---------------------------------
+
+def _box(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", 8 + len(payload)) + kind + payload
+
+
+def _full(kind: bytes, version: int, payload: bytes, flags: int = 0) -> bytes:
+    return _box(kind, bytes([version]) + flags.to_bytes(3, "big") + payload)
+
+
+def _children(data: bytes, start: int, end: int):
+    i = start
+    while i + 8 <= end:
+        size, kind = struct.unpack_from(">I4s", data, i)
+        head = 8
+        if size == 1:
+            (size,) = struct.unpack_from(">Q", data, i + 8)
+            head = 16
+        elif size == 0:
+            size = end - i
+        yield kind, i, i + head, i + size
+        i += size
+
+
+def _find(data: bytes, path: list[bytes], start: int = 0, end: int | None = None):
+    end = len(data) if end is None else end
+    for kind, at, p, e in _children(data, start, end):
+        if kind == path[0]:
+            if len(path) == 1:
+                return at, p, e
+            inner = p + 4 if kind in (b"meta", b"iinf", b"iref") else p
+            return _find(data, path[1:], inner, e)
+    raise KeyError(path)
+
+
+def _primary_tile(data: bytes) -> tuple[bytes, bytes]:
+    """(codec configuration box, coded bytes) of the primary item of a single-image file."""
+    at, p, e = _find(data, [b"meta", b"iprp", b"ipco"])
+    config = None
+    for kind, a2, p2, e2 in _children(data, p, e):
+        if kind in (b"av1C", b"hvcC"):
+            config = data[a2:e2]
+    _, p, e = _find(data, [b"meta", b"pitm"])
+    primary = struct.unpack_from(">H", data, p + 4)[0]
+    _, p, e = _find(data, [b"meta", b"iloc"])
+    version = data[p]
+    off_size, len_size = data[p + 4] >> 4, data[p + 4] & 15
+    base_size, idx_size = data[p + 5] >> 4, (data[p + 5] & 15) if version in (1, 2) else 0
+    count_fmt = ">H" if version < 2 else ">I"
+    (count,) = struct.unpack_from(count_fmt, data, p + 6)
+    i = p + 6 + struct.calcsize(count_fmt)
+
+    def read(n: int) -> int:
+        nonlocal i
+        v = int.from_bytes(data[i:i + n], "big") if n else 0
+        i += n
+        return v
+    for _ in range(count):
+        item = read(2 if version < 2 else 4)
+        if version in (1, 2):
+            read(2)  # construction method
+        read(2)  # data reference index
+        base = read(base_size)
+        extents = read(2)
+        chunks = []
+        for _ in range(extents):
+            read(idx_size)
+            off, ln = read(off_size), read(len_size)
+            chunks.append(data[base + off:base + off + ln])
+        if item == primary:
+            assert config is not None
+            return config, b"".join(chunks)
+    raise KeyError("primary item")
+
+
+def isobmff_grid(codec: str, cols: int, rows: int, tile: int = 64) -> bytes:
+    """A grid image of cols x rows tiles (AVIF: av01, HEIF: hvc1) whose tiles all point at one
+    coded tile written by the library: a few KB that ask for cols*rows decodes."""
+    src = avif(tile, tile, quality=60) if codec == "avif" else heic(tile, tile, quality=60)
+    config, coded = _primary_tile(src)
+    n = cols * rows
+    item_type = b"av01" if codec == "avif" else b"hvc1"
+    brands = [b"avif", b"mif1", b"miaf"] if codec == "avif" else [b"heic", b"mif1", b"miaf"]
+    ftyp = _box(b"ftyp", brands[0] + b"\0\0\0\0" + b"".join(brands))
+    grid_desc = struct.pack(">BBBBHH", 0, 0, rows - 1, cols - 1, cols * tile, rows * tile)
+    ids = list(range(2, n + 2))
+    hdlr = _full(b"hdlr", 0, b"\0\0\0\0pict" + b"\0" * 12 + b"\0")
+    pitm = _full(b"pitm", 0, struct.pack(">H", 1))
+    infe = [_full(b"infe", 2, struct.pack(">HH4s", i, 0, t) + b"\0", flags=hidden)
+            for i, t, hidden in [(1, b"grid", 0)] + [(i, item_type, 1) for i in ids]]  # tiles are hidden items
+    iinf = _full(b"iinf", 0, struct.pack(">H", n + 1) + b"".join(infe))
+    iref = _full(b"iref", 0, _box(b"dimg", struct.pack(">HH", 1, n) + b"".join(struct.pack(">H", i) for i in ids)))
+    ispe = lambda w, h: _full(b"ispe", 0, struct.pack(">II", w, h))  # noqa: E731
+    ipco = _box(b"ipco", ispe(cols * tile, rows * tile) + ispe(tile, tile) + config)
+    ipma = _full(b"ipma", 0, struct.pack(">I", n + 1) + struct.pack(">HBB", 1, 1, 1)
+                 + b"".join(struct.pack(">HBBB", i, 2, 2, 0x83) for i in ids))
+    iprp = _box(b"iprp", ipco + ipma)
+    idat = _box(b"idat", grid_desc)
+
+    def iloc(mdat_payload: int) -> bytes:
+        body = struct.pack(">BBH", 0x44, 0x00, n + 1)
+        body += struct.pack(">HHHHII", 1, 1, 0, 1, 0, len(grid_desc))  # construction method 1: idat
+        for i in ids:
+            body += struct.pack(">HHHHII", i, 0, 0, 1, mdat_payload, len(coded))
+        return _full(b"iloc", 1, body)
+
+    def meta(mdat_payload: int) -> bytes:
+        return _full(b"meta", 0, hdlr + pitm + iloc(mdat_payload) + iinf + iref + iprp + idat)
+    head = len(ftyp) + len(meta(0)) + 8
+    return ftyp + meta(head) + _box(b"mdat", coded)
+
+
+def with_ispe(data: bytes, w: int, h: int) -> bytes:
+    """The same AVIF/HEIF declaring another size in every ``ispe`` box (pixels unchanged)."""
+    out = bytearray(data)
+    i = out.find(b"ispe")
+    while i >= 0:
+        out[i + 8:i + 16] = struct.pack(">II", w, h)
+        i = out.find(b"ispe", i + 4)
+    return bytes(out)
+
+
+# -- hostile corpus: each entry must be refused quickly, within bounded memory ------------
+
+def _gif(screen: tuple[int, int], frame_box: tuple[int, int, int, int], extensions: bytes = b"") -> bytes:
+    x, y, w, h = frame_box
+    return (b"GIF89a" + struct.pack("<HHBBB", *screen, 0, 0, 0) + extensions
+            + b"," + struct.pack("<HHHHB", x, y, w, h, 0) + b"\x02\x02\x44\x01\x00;")
+
+
+def gif_canvas_bomb(offset: int = 30000) -> bytes:
+    """29 bytes: a 1x1 logical screen and a 1x1 frame placed at (offset, offset)."""
+    return _gif((1, 1), (offset, offset, 1, 1))
+
+
+def gif_small_canvas_bomb() -> bytes:
+    """A 16x16 screen whose frame needs 9000x9000: within every budget by its header."""
+    return _gif((16, 16), (8999, 8999, 1, 1))
+
+
+def gif_comment_blocks(n: int = 2_000_000) -> bytes:
+    return _gif((1, 1), (0, 0, 1, 1), b"!\xfe" + b"\x01a" * n + b"\x00")
+
+
+def png_many_chunks(n: int = 500_000, after_idat: bool = False) -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    junk = chunk(b"teXt" if not after_idat else b"abCd", b"") * n
+    ihdr = struct.pack(">IIBBBBB", 8, 8, 8, 0, 0, 0, 0)
+    idat = zlib.compress(b"\x00" * 9 * 8)
+    return _png_chunks(ihdr, idat, b"") if n == 0 else (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + (b"" if after_idat else junk) + chunk(b"IDAT", idat)
+        + (junk if after_idat else b"") + chunk(b"IEND", b""))
+
+
+def jpeg_fill_bytes(n: int = 5_000_000) -> bytes:
+    j = save(Image.new("RGB", (8, 8)), "JPEG")
+    return j[:2] + b"\xff" * n + j[2:]
+
+
+def jpeg_second_sof(w: int = 60000, h: int = 60000) -> bytes:
+    """A small JPEG with a second frame header declaring a huge size before the scan."""
+    j = save(Image.new("RGB", (64, 64), (10, 20, 30)), "JPEG")
+    i = j.index(b"\xff\xc0")
+    length = struct.unpack_from(">H", j, i + 2)[0]
+    sof = bytearray(j[i:i + 2 + length])
+    sof[5:9] = struct.pack(">HH", h, w)
+    return j[:i + 2 + length] + bytes(sof) + j[i + 2 + length:]
+
+
+def jpeg_many_scans(n: int = 2000) -> bytes:
+    """A progressive JPEG whose last scan is repeated ``n`` times (each scan is a pass over the image)."""
+    j = save(Image.fromarray(photo_array(128, 128)), "JPEG", progressive=True, quality=80)
+    last = j.rindex(b"\xff\xda")
+    return j[:last] + j[last:-2] * n + b"\xff\xd9"
+
+
+def tiff_ifd_chain(n: int = 20000) -> bytes:
+    out = bytearray(b"II*\x00" + struct.pack("<I", 8))
+    entries = [(256, 1), (257, 1), (258, 8), (259, 1), (262, 1), (273, 0), (277, 1), (278, 1), (279, 1)]
+    size = 2 + 12 * len(entries) + 4
+    for i in range(n):
+        nxt = len(out) + size if i < n - 1 else 0
+        out += struct.pack("<H", len(entries))
+        for tag, val in entries:
+            out += struct.pack("<HHII", tag, 4, 1, val) if tag in (273, 279) else struct.pack("<HHIHxx", tag, 3, 1, val)
+        out += struct.pack("<I", nxt)
+    return bytes(out)
+
+
+def tiff_tag_flood(values: int = 2_000_000) -> bytes:
+    """One small page whose first IFD carries an unknown tag of ``values`` SHORTs."""
+    t = bytearray(tiff_ifd_chain(1))
+    count = struct.unpack_from("<H", t, 8)[0]
+    extra = struct.pack("<HHII", 65000, 3, values, len(t) + 12)
+    t[8:10] = struct.pack("<H", count + 1)
+    t = t[:10 + 12 * count] + extra + t[10 + 12 * count:]
+    return bytes(t) + b"\0" * (2 * values)
+
+
+def jpeg_empty_scans(n: int = 200, side: int = 1024) -> bytes:
+    """A progressive JPEG followed by ``n`` scan headers without data: each costs a pass."""
+    j = save(Image.fromarray(photo_array(side, side)), "JPEG", progressive=True, quality=80)
+    first = j.index(b"\xff\xda")
+    hdr = j[first:first + 2 + int.from_bytes(j[first + 2:first + 4], "big")]
+    return j[:-2] + hdr * n + b"\xff\xd9"
+
+
+def tiff_ifd_loop() -> bytes:
+    """Two IFDs pointing at each other."""
+    t = bytearray(tiff_ifd_chain(2))
+    size = 2 + 12 * 9 + 4
+    struct.pack_into("<I", t, 8 + 2 * size - 4, 8)
+    return bytes(t)
+
+
+def bmp_rle(n: int = 2_000_000, w: int = 4000, h: int = 4000) -> bytes:
+    data = b"\x01\x07" * n + b"\x00\x01"
+    pal = b"\x00\x00\x00\x00" * 256
+    off = 14 + 40 + len(pal)
+    return (b"BM" + struct.pack("<IHHI", off + len(data), 0, 0, off)
+            + struct.pack("<IiiHHIIiiII", 40, w, h, 1, 8, 1, len(data), 0, 0, 256, 0) + pal + data)
+
+
+def webp_huge_canvas() -> bytes:
+    """A small lossy WebP wrapped in a VP8X header declaring a 16384x16384 canvas."""
+    w = save(Image.new("RGB", (16, 16), (1, 2, 3)), "WEBP")
+    vp8 = w[12:]
+    vp8x = b"VP8X" + struct.pack("<I", 10) + b"\0\0\0\0" + (16383).to_bytes(3, "little") * 2
+    body = b"WEBP" + vp8x + vp8
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def truncated(data: bytes, keep: float = 0.5) -> bytes:
+    return data[:max(16, int(len(data) * keep))]
+
+
+def hostile() -> dict[str, tuple[bytes, set[str]]]:
+    """name -> (bytes, acceptable error codes). Each must be refused, fast, in bounded memory."""
+    from .decode import HEIF
+    corrupt, large, cplx = {"image_corrupt"}, {"image_too_large"}, {"image_too_complex"}
+    cases: dict[str, tuple[bytes, set[str]]] = {
+        "png_bomb": (bomb_png(), large),
+        "gif_canvas_bomb": (gif_canvas_bomb(), large),
+        "gif_small_canvas_bomb": (gif_small_canvas_bomb(), large),
+        "gif_comment_blocks": (gif_comment_blocks(), cplx),
+        "png_many_chunks": (png_many_chunks(), cplx),
+        "png_many_chunks_after_idat": (png_many_chunks(after_idat=True), cplx),
+        "jpeg_fill_bytes": (jpeg_fill_bytes(), cplx),
+        "jpeg_second_sof": (jpeg_second_sof(), large | corrupt),
+        "jpeg_second_sof_100mp": (jpeg_second_sof(10000, 10000), large | corrupt),
+        "jpeg_many_scans": (jpeg_many_scans(), cplx),
+        "tiff_ifd_chain": (tiff_ifd_chain(), cplx),
+        "tiff_tag_flood": (tiff_tag_flood(), cplx),
+        "jpeg_empty_scans": (jpeg_empty_scans(), cplx),
+        "bmp_rle": (bmp_rle(), cplx),
+        "webp_huge_canvas": (webp_huge_canvas(), large),
+        "avif_huge_ispe": (with_ispe(avif(64, 64), 60000, 60000), large | corrupt),
+        "avif_grid_4096_tiles": (isobmff_grid("avif", 64, 64), cplx),
+    }
+    if HEIF:
+        cases["heic_huge_ispe"] = (with_ispe(heic(64, 64), 60000, 60000), large | corrupt)
+        cases["heic_grid_4096_tiles"] = (isobmff_grid("heif", 64, 64), cplx)
+    small = {"png": screenshot_png(600, 400, (40, 20)), "jpeg": photo_jpeg(600, 400), "gif": animated_gif(300, 200),
+             "webp": webp(600, 400), "bmp": bmp(300, 200), "tiff": tiff(300, 200), "avif": avif(320, 240)}
+    if HEIF:
+        small["heic"] = heic(320, 240)
+    for name, data in small.items():
+        for keep in (0.5, 0.9):
+            cases[f"{name}_truncated_{int(keep * 100)}"] = (truncated(data, keep), corrupt)
+    return cases

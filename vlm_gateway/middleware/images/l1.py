@@ -26,7 +26,7 @@ def _size(r: Rewritten) -> int:
 
 def pack(r: Rewritten) -> bytes:
     meta = orjson.dumps([r.mime, r.width, r.height, r.source_width, r.source_height, r.source_bytes,
-                         r.tokens_before, r.tokens_after, r.trimmed, list(r.view)])
+                         r.tokens_before, r.tokens_after, r.trimmed, list(r.view), list(r.conversions)])
     return struct.pack(">I", len(meta)) + meta + r.data
 
 
@@ -36,8 +36,10 @@ def unpack(blob: bytes) -> Rewritten:
     view = tuple(rest[0]) if rest else ()
     if not view and (trimmed or (w, h) != (sw, sh)):
         raise ValueError("an entry without its view (written before views were kept): a miss")
+    conversions = tuple(str(c) for c in rest[1]) if len(rest) > 1 and isinstance(rest[1], list) else ()
     data = blob[4 + n:]
-    return Rewritten(data_uri(data, mime), data, mime, w, h, sw, sh, sb, tb, ta, trimmed, view=view)
+    return Rewritten(data_uri(data, mime), data, mime, w, h, sw, sh, sb, tb, ta, trimmed, view=view,
+                     conversions=conversions)
 
 
 class L1Cache:

@@ -1,6 +1,8 @@
-"""The CPU pipeline for one image: header probe -> (pass through | decode with
-DCT scaling -> trim -> downscale -> encode). Synchronous and pure: the stage runs
-it in the bounded pool; the playground and the benchmark call it directly."""
+"""The CPU pipeline for one image: header probe -> open with the real size checked
+-> (within budget: verify, then pass through, or convert what engines would read
+differently | over budget: decode with DCT scaling -> trim -> downscale) -> encode.
+Synchronous and pure: the stage runs it in the bounded pool; the playground and
+the benchmark call it directly."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from ...vision_tokens import target_size, visual_tokens
-from .decode import MIME, Header, decode, probe
+from .decode import MIME, Header, decode_opened, open_checked, probe, verify
 from .encode import data_uri, encode
 from .policy import Policy
 from .resize import downscale, prescale_size
@@ -33,6 +35,8 @@ class Rewritten:
     tokens_after: int
     trimmed: bool = False
     seconds: float = 0.0
+    # what was converted so the engine reads what a viewer shows (decode.Decoded.conversions)
+    conversions: tuple[str, ...] = ()
     # What the output shows of the source, for mapping coordinates back: (client_w, client_h,
     # left, top, right, bottom) in pixels of the upright source; () = the source as it is.
     view: tuple[float, ...] = ()
@@ -50,16 +54,29 @@ def needs_rewrite(header: Header, policy: Policy) -> bool:
     return policy.enabled and max(header.width, header.height) > policy.max_long_side
 
 
-def rewrite(data: bytes, header: Header, policy: Policy) -> Rewritten:
-    """Rewrite ``data`` (already probed) for ``policy``; pass through when within budget."""
+def rewrite(data: bytes, header: Header, policy: Policy,
+            max_source_pixels: int = DEFAULT_MAX_SOURCE_PIXELS) -> Rewritten:
+    """Rewrite ``data`` (already probed) for ``policy``. Within budget the original
+    bytes pass through once they are verified and need no conversion."""
     t0 = time.perf_counter()
+    op = open_checked(data, header.format, max_source_pixels)
+    header = Header(header.format, *op.size)  # the real size, whatever the header declared
     before = tokens(header.width, header.height, policy)
     if not needs_rewrite(header, policy):
-        return Rewritten(None, data, MIME[header.format], header.width, header.height, header.width,
-                         header.height, len(data), before, before)
+        d = verify(op)
+        if d is None:
+            return Rewritten(None, data, MIME[header.format], header.width, header.height, header.width,
+                             header.height, len(data), before, before, seconds=time.perf_counter() - t0)
+        im = d.image  # converted at its own size: no trim, no resize
+        out, mime = encode(im, policy.jpeg_quality)
+        return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
+                         len(data), before, tokens(im.width, im.height, policy), False,
+                         time.perf_counter() - t0, conversions=tuple(d.conversions),
+                         view=(im.width, im.height, 0.0, 0.0, float(im.width), float(im.height)))
     f = policy.grid_factor
     target = target_size(header.width, header.height, policy.max_long_side, f, policy.min_pixels)
-    im, scale = decode(data, header.format, prescale_size(target, policy.prescale_gap))
+    d = decode_opened(op, prescale_size(target, policy.prescale_gap))
+    im, scale = d.image, d.scale
     view = _full_view(im, scale, header)
     trimmed = False
     if policy.trim_borders:
@@ -76,7 +93,7 @@ def rewrite(data: bytes, header: Header, policy: Policy) -> Rewritten:
     out, mime = encode(im, policy.jpeg_quality)
     return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
                      len(data), before, tokens(im.width, im.height, policy), trimmed, time.perf_counter() - t0,
-                     view)
+                     view=view, conversions=tuple(d.conversions))
 
 
 def _full_view(im, scale: float, header: Header) -> tuple[float, ...]:
@@ -93,4 +110,4 @@ def rewrite_bytes(data: bytes, policy: Policy | None = None,
     """Probe and rewrite raw image bytes (CPU-bound: call it off the event loop).
     Raises ``decode.ImageError`` (with ``.code``) for refused or broken images."""
     policy = policy or Policy()
-    return rewrite(data, probe(data, max_source_pixels), policy)
+    return rewrite(data, probe(data, max_source_pixels), policy, max_source_pixels)

@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ... import metrics
 from ...proxy.errors import BadRequest, GatewayError, Unavailable
 from ..grounding import plan as grounding
-from .decode import MIME, ImageError, probe
+from .decode import ImageError, probe
 from .encode import data_uri
 from .fetch import FetchError, check_address
 from .l1 import L1Cache
 from .policy import POLICY_HEADER, Policy, parse_header, resolve
-from .rewrite import Rewritten, needs_rewrite, rewrite, tokens
+from .rewrite import Rewritten, rewrite, tokens
 from .source import Source, as_error, content_hash, media_sources
 
 if TYPE_CHECKING:
@@ -38,7 +40,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("vlm_gateway.images")
 
 TOKENS_HEADER = "x-vlm-gateway-visual-tokens"
+# per image, what was converted so the engine reads what a viewer shows (docs/IMAGES.md)
+CONVERTED_HEADER = "x-vlm-gateway-image-converted"
 _SMALL = 256 * 1024  # hash/decode bigger payloads in the pool
+_VERIFIED_ENTRIES = 16384
 OFF = Policy(enabled=False)
 
 
@@ -54,6 +59,8 @@ class ImageRewriter:
         self.pool = self.sources.pool
         self.fetcher = self.sources.fetcher
         self.l1 = L1Cache(cfg.l1_max_bytes, gw.cfg.redis_url, cfg.l1_redis_ttl_s)
+        # content hash|policy of data: images verified within budget (pass through without a new decode)
+        self.verified: OrderedDict[str, Rewritten] = OrderedDict()
 
     async def close(self) -> None:
         await self.l1.close()
@@ -96,13 +103,14 @@ class ImageRewriter:
         if src.kind == "url_passthrough":
             return Rewritten(None, b"", "", 0, 0, 0, 0, 0, 0, 0), "url_passthrough"
         assert header is not None
-        if src.kind == "data" and not needs_rewrite(header, policy):
-            before = tokens(header.width, header.height, policy)
-            return Rewritten(None, src.data or b"", MIME[header.format], header.width, header.height,
-                             header.width, header.height, src.size, before, before), "passthrough"
         key = f"{src.hash}|{policy.key}"
+        if src.kind == "data" and key in self.verified:  # verified before: the original string goes
+            self.verified.move_to_end(key)
+            return replace(self.verified[key], data=src.data or b""), "passthrough"
         hit = await self.l1.get(key)
         if hit is not None:
+            if src.kind == "data" and hit.data == src.data:  # a fetched URL's inline copy of these bytes
+                return replace(hit, url=None), "passthrough"
             return hit, "l1_hit"
         try:
             if src.data is None:  # revalidated (304) but its rewrite left L1: the body itself
@@ -118,16 +126,20 @@ class ImageRewriter:
                                       param=part.param, code="image_changed", headers={"retry-after": "1"})
                 src.data = data
             data = src.data
-            if not needs_rewrite(header, policy):  # URL within budget: its bytes, unchanged, inline
-                r = Rewritten(data_uri(data, MIME[header.format]), data, MIME[header.format], header.width,
-                              header.height, header.width, header.height, len(data),
-                              tokens(header.width, header.height, policy), 0)
-                r.tokens_after = r.tokens_before
+            # within budget too: verified (and converted where engines would read it wrong) off the loop
+            r = await self.pool.run(rewrite, data, header, policy, self.cfg.max_source_pixels)
+            if r.passthrough and src.kind == "url":  # URL within budget: its bytes, unchanged, inline
+                r = replace(r, url=data_uri(data, r.mime))
                 outcome = "passthrough"
+            elif r.passthrough:  # the original string is sent; remember only the verdict
+                self.verified[key] = replace(r, data=b"")
+                while len(self.verified) > _VERIFIED_ENTRIES:
+                    self.verified.popitem(last=False)
+                return r, "passthrough"
             else:
-                r = await self.pool.run(rewrite, data, header, policy)
                 metrics.REWRITE_SECONDS.observe(r.seconds)
-                outcome = "rewritten"
+                same_size = (r.width, r.height) in ((r.source_width, r.source_height), (r.source_height, r.source_width))
+                outcome = "converted" if same_size and not r.trimmed else "rewritten"
         except (ImageError, FetchError) as e:
             raise _bad(part, e) from None
         await self.l1.put(key, r)
@@ -183,6 +195,11 @@ class ImageRewriter:
             before += part.tokens_before
             after += part.tokens_after
         req.response_headers[TOKENS_HEADER] = f"before={before};after={after}"
+        notes = [f"{p.param}={','.join(r.conversions)}" for p, (_, r) in zip(req.images, chosen) if r.conversions]
+        if notes:
+            req.response_headers[CONVERTED_HEADER] = "; ".join(notes)
+        else:
+            req.response_headers.pop(CONVERTED_HEADER, None)
         grounding.record(req, [r for _, r in chosen], plan["sources"])
 
     def _count(self, req: "ChatRequest", results: list[Rewritten], outcomes: list[str]) -> None:
