@@ -6,6 +6,7 @@ without error."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -22,6 +23,7 @@ import yaml
 
 from conftest import SIM_MODEL, free_port, wait_http
 from images import data_uri, image_bytes
+from vlm_gateway.middleware.images import corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "grafana"))
@@ -68,6 +70,8 @@ def _load(gw_url: str, sims) -> int:
     client = openai.OpenAI(base_url=gw_url + "/v1", api_key=KEY, max_retries=0)
     big = data_uri(image_bytes(1600, 1200, (30, 140, 90)))  # rewritten down to the 768 px budget
     small = data_uri(image_bytes(64, 48, (200, 30, 30)))
+    # a window on a white desktop: trimmed, so coordinates in the (echoed) answer are mapped back
+    window = "data:image/png;base64," + base64.b64encode(corpus.screenshot_png()).decode()
     sent = 0
     for rnd in range(3):
         for i in range(4):
@@ -86,6 +90,12 @@ def _load(gw_url: str, sims) -> int:
                           {"role": "user", "content": f"stream {i}"}])
             assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
             sent += 3
+        client.chat.completions.create(  # grounding: coordinates mapped between frames
+            model=SIM_MODEL, max_tokens=12, temperature=0.7,
+            messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": window}},
+                {"type": "text", "text": '{"point_2d": [500, 500]}'}]}])
+        sent += 1
         # errors the dashboard shows: 400, 404, 413, 429, and a retried upstream 5xx
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model=SIM_MODEL, messages=[{"role": "user", "content": [

@@ -7,8 +7,9 @@ IP with the original Host header and TLS server name, so a DNS answer that
 changes between check and connect (rebinding) cannot slip past. Redirects are
 followed by hand (max ``max_redirects``), each re-checked. The body is capped
 while streaming (per call: the cap of the media kind, or what is left of the
-request's total) and every chunk is reported to ``on_chunk`` before it is kept, so
-the caller can count it against its limits; the whole fetch has one deadline.
+request's total) and every byte is reported to ``on_chunk`` before it is kept (a
+declared Content-Length all at once, before the body streams), so the caller can
+count it against its limits; the whole fetch has one deadline.
 A strong ``ETag`` from an earlier fetch can be sent back (``If-None-Match``):
 a 304 answer returns no bytes.
 
@@ -174,14 +175,20 @@ async def _fetch(session: aiohttp.ClientSession, url: str, policy: FetchPolicy, 
             if declared is not None and declared > max_bytes:
                 raise FetchError(f"the {what} at the URL is {declared} bytes, above the limit of "
                                  f"{max_bytes}", f"{what}_too_large")
-            chunks, size = [], 0
+            chunks, size, reported = [], 0, 0
+            if on_chunk is not None and declared:
+                # a declared body is counted whole before it streams: concurrent fetches then
+                # take the bound first come, first served instead of all starving half-way
+                on_chunk(declared)
+                reported = declared
             async for chunk in resp.content.iter_chunked(256 * 1024):
                 size += len(chunk)
                 if size > max_bytes:
                     raise FetchError(f"the {what} at the URL is larger than the limit of {max_bytes} bytes",
                                      f"{what}_too_large")
-                if on_chunk is not None:
-                    on_chunk(len(chunk))
+                if on_chunk is not None and size > reported:
+                    on_chunk(size - reported)
+                    reported = size
                 chunks.append(chunk)
             return Fetched(b"".join(chunks), resp.headers.get("content-type", ""),
                            _strong(resp.headers.get("etag")))
