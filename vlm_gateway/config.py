@@ -28,6 +28,12 @@ class ConfigError(ValueError):
     """A configuration value is missing, unknown or of the wrong type."""
 
 
+# Keys that were replaced: a config that still sets one is told where it went.
+REPLACED = {
+    "cache.redis_prefix": "redis_prefix (one prefix for every Redis key: rate limits, L1 images, L3 answers)",
+}
+
+
 @dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -151,7 +157,6 @@ class CacheConfig:
     client_control: bool = True
     # After a Redis failure, skip Redis (count as miss) for this long.
     redis_retry_s: float = 1.0
-    redis_prefix: str = "vlmgw:l3:"
     # Semantic entries kept per replica, all partitions together (oldest evicted).
     semantic_max_entries: int = 100_000
     # Partitions above this many entries switch from exact flat search to HNSW.
@@ -216,6 +221,9 @@ class GatewayConfig:
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Shared state for several replicas (caches, rate limits); empty = in-process only.
     redis_url: str = ""
+    # Every Redis key starts with this and a colon (rate limits, L1 images, L3 answers);
+    # deployments sharing one Redis need different prefixes. Letters, digits, _ . - only.
+    redis_prefix: str = "vlmgw"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -281,7 +289,8 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if k not in names:
-            raise ConfigError(f"{key}: unknown key")
+            hint = f"; replaced by {REPLACED[key]}" if key in REPLACED else ""
+            raise ConfigError(f"{key}: unknown key{hint}")
         kwargs[k] = _convert(hints[k], v, key)
     return cls(**kwargs)
 
@@ -353,6 +362,10 @@ def validate(cfg: GatewayConfig) -> None:
         if t.name in names:
             raise ConfigError(f"auth.tenants[{i}].name: duplicate tenant name {t.name!r}")
         names.add(t.name)
+    from .redis_keys import PREFIX_RE
+    if not PREFIX_RE.match(cfg.redis_prefix):
+        raise ConfigError(f"redis_prefix: 1-64 letters, digits, '_', '.' or '-' (no ':', no glob characters), "
+                          f"got {cfg.redis_prefix!r}")
     if cfg.auth.admin_key_sha256 and not _is_sha256(cfg.auth.admin_key_sha256):
         raise ConfigError("auth.admin_key_sha256: must be a 64-char sha256 hex digest (vlm-gateway hash-key KEY)")
 

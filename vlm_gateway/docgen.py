@@ -66,7 +66,6 @@ NOTES: dict[str, str] = {
     "images.l1_redis_ttl_s": "TTL of rewritten images in Redis (when `redis_url` is set).",
     "images.max_queue": "Rewrite jobs allowed to wait for the pool.",
     "images.prescale_gap": "The cheap pre-shrink stops at this multiple of the target size; the final resample does the rest.",
-    "cache.redis_prefix": "Prefix of the L3 keys in Redis (separate deployments sharing one Redis).",
     "cache.enabled": "L3 response cache on/off.",
     "cache.ttl_s": "Lifetime of a cached answer.",
     "cache.max_bytes": "In-process cache size bound.",

@@ -46,7 +46,7 @@ class ImageRewriter:
         cfg = gw.cfg.images
         self.cfg = cfg
         self.pool = BoundedPool(cfg.pool_workers, cfg.max_queue)
-        self.l1 = L1Cache(cfg.l1_max_bytes, gw.cfg.redis_url, cfg.l1_redis_ttl_s)
+        self.l1 = L1Cache(cfg.l1_max_bytes, gw.cfg.redis_url, cfg.l1_redis_ttl_s, redis_prefix=gw.cfg.redis_prefix)
         self.fetcher = Fetcher(FetchPolicy(cfg.fetch_timeout_s, cfg.max_fetch_bytes, cfg.max_redirects,
                                            cfg.allow_private_networks, list(cfg.allow_networks),
                                            list(cfg.allow_domains), list(cfg.deny_domains)))

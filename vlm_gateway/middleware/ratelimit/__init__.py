@@ -23,7 +23,7 @@ import math
 import secrets
 from typing import TYPE_CHECKING
 
-from ... import metrics
+from ... import metrics, redis_keys
 from ...config import TenantConfig
 from ...proxy.errors import RateLimited
 from .buckets import AFTERWARDS, CHARGE, LEASE_S, Check, LocalStore, Outcome, RedisStore, RedisUnavailable, duration, reset_after
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     from ...proxy.request import ChatRequest
 
 log = logging.getLogger("vlm_gateway.ratelimit")
-
-PREFIX = "vlmgw:rl:"
 
 
 def _limited(t: TenantConfig) -> bool:
@@ -103,6 +101,7 @@ def make(gw: "Gateway"):
     if not any(_limited(t) for t in gw.cfg.auth.tenants):
         return None
     limiter = Limiter(gw)
+    prefix = redis_keys.namespace(gw.cfg.redis_prefix, redis_keys.RATE_LIMITS)
     gw.ratelimiter = limiter  # type: ignore[attr-defined]
     if limiter.redis is not None:
         gw.closers.append(limiter.redis.close)
@@ -111,7 +110,7 @@ def make(gw: "Gateway"):
         t: TenantConfig | None = req.state.get("tenant_cfg")
         if t is None or not _limited(t):
             return None
-        base = f"{PREFIX}{{{t.name}}}:"
+        base = f"{prefix}{{{t.name}}}:"
         checks: list[Check] = []
         kinds: list[str] = []
         if t.requests_per_minute:
