@@ -12,7 +12,8 @@ import tempfile
 import orjson
 
 from . import __version__
-from .config import BackendConfig, ConfigError, load_config
+from .config import BackendConfig, ConfigError, load_config, validate
+from .config_values import http_url
 
 log = logging.getLogger("vlm_gateway")
 
@@ -20,6 +21,10 @@ log = logging.getLogger("vlm_gateway")
 def _setup_logging(level: str, fmt: str) -> None:
     from .logs import setup_logging
     setup_logging(level, fmt)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -30,14 +35,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["server"] = server
     try:
         cfg = load_config(args.config, overrides=overrides)
+        for url in args.backend or ():
+            problem = http_url(url, cfg)
+            if problem:
+                raise ConfigError(f"--backend: {problem}")
+            cfg.backends.append(BackendConfig(url=url, engine="openai"))
+        if args.backend:
+            validate(cfg)  # names must stay unique with the added backends
     except ConfigError as e:
-        print(f"vlm-gateway: config error: {e}", file=sys.stderr)
+        print(f"vlm-gateway: config error: {_one_line(str(e))}", file=sys.stderr)
         return 2
-    for url in args.backend or ():
-        if not url.startswith(("http://", "https://")):
-            print(f"vlm-gateway: config error: --backend: must be an http(s) URL, got {url!r}", file=sys.stderr)
-            return 2
-        cfg.backends.append(BackendConfig(url=url, engine="openai"))
     _setup_logging(cfg.server.log_level, cfg.server.log_format)
     if not cfg.backends:
         from .backends.sim.embedded import start_in_thread

@@ -43,10 +43,33 @@ class ServerConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     # SSE comment keepalives while waiting for the first upstream byte.
     keepalive_interval_s: float = 5.0
-    log_level: str = "info"
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     log_format: Literal["text", "json"] = "text"
     # Serve the playground/status page at /ui.
     ui: bool = True
+    # Host names the gateway answers to (the Host header, port ignored); others get 400.
+    # Always accepted: localhost, IP addresses and this machine's own names. Add the names
+    # clients and load balancers use (gw.example.com, *.example.com); "*" accepts any name
+    # and switches the DNS-rebinding guard off.
+    allowed_hosts: list[str] = field(default_factory=list)
+    # Browser origins allowed to call the API cross-origin (https://app.example.com, "*"),
+    # with CORS headers. Same-origin requests (the /ui playground) are always allowed;
+    # any other Origin gets 403.
+    allowed_origins: list[str] = field(default_factory=list)
+    # Longest wait for a request's line and headers (from connect, or from the first byte of
+    # a keep-alive request); slower clients get 408 and are disconnected.
+    header_timeout_s: float = 15.0
+    # Request line plus headers larger than this get 431.
+    max_header_bytes: int = 65536
+    # A request body may pause at most this long, and its whole transfer may take this long
+    # plus one second per body_min_bytes_per_s bytes received; slower bodies get 408.
+    body_timeout_s: float = 20.0
+    body_min_bytes_per_s: int = 8192
+    # Open client connections per worker; 0 = half the file-descriptor limit (the soft limit
+    # is raised to the hard one at start). When full, the connection that has gone longest
+    # without sending a complete request is closed to make room; a small reserve beyond the
+    # cap answers only /health, /ready and /metrics.
+    max_connections: int = 0
 
 
 @dataclass
@@ -58,6 +81,10 @@ class UpstreamConfig:
     total_timeout_s: float = 900.0
     # Keep-alive connections per backend.
     max_connections: int = 1024
+    # Largest non-streamed answer read from a backend; a bigger one is a 502.
+    max_response_bytes: int = 64 * 1024 * 1024
+    # Largest single SSE event from a backend; a stream with a bigger one ends in an error event.
+    max_sse_event_bytes: int = 1024 * 1024
 
 
 @dataclass
@@ -340,38 +367,10 @@ def load_config(path: str | None = None, environ: typing.Mapping[str, str] | Non
 
 
 def validate(cfg: GatewayConfig) -> None:
-    """Checks that go beyond types."""
-    if not 0 < cfg.server.port < 65536:
-        raise ConfigError(f"server.port: must be 1-65535, got {cfg.server.port}")
-    if cfg.server.workers < 1:
-        raise ConfigError("server.workers: must be >= 1")
-    for i, b in enumerate(cfg.backends):
-        if not b.url.startswith(("http://", "https://")):
-            raise ConfigError(f"backends[{i}].url: must be an http(s) URL, got {b.url!r}")
-    if cfg.images.grid_factor < 1 or cfg.images.max_long_side < cfg.images.grid_factor:
-        raise ConfigError("images.max_long_side: must be >= images.grid_factor")
-    if cfg.cache.semantic_threshold < 0.95 or cfg.cache.semantic_threshold > 1.0:
-        raise ConfigError("cache.semantic_threshold: must be within [0.95, 1.0]")
-    names: set[str] = set()
-    for i, t in enumerate(cfg.auth.tenants):
-        if not _is_sha256(t.key_sha256):
-            raise ConfigError(f"auth.tenants[{i}].key_sha256: must be a 64-char sha256 hex digest "
-                              "(vlm-gateway hash-key KEY)")
-        if not t.name:
-            raise ConfigError(f"auth.tenants[{i}].name: required")
-        if t.name in names:
-            raise ConfigError(f"auth.tenants[{i}].name: duplicate tenant name {t.name!r}")
-        names.add(t.name)
-    from .redis_keys import PREFIX_RE
-    if not PREFIX_RE.match(cfg.redis_prefix):
-        raise ConfigError(f"redis_prefix: 1-64 letters, digits, '_', '.' or '-' (no ':', no glob characters), "
-                          f"got {cfg.redis_prefix!r}")
-    if cfg.auth.admin_key_sha256 and not _is_sha256(cfg.auth.admin_key_sha256):
-        raise ConfigError("auth.admin_key_sha256: must be a 64-char sha256 hex digest (vlm-gateway hash-key KEY)")
-
-
-def _is_sha256(s: str) -> bool:
-    return len(s) == 64 and all(c in "0123456789abcdefABCDEF" for c in s)
+    """Checks that go beyond types: ranges, names that must exist, URLs, hosts, paths and
+    keys that depend on each other (``config_values.py``)."""
+    from .config_values import check
+    check(cfg)
 
 
 def config_from_json(data: dict[str, Any]) -> GatewayConfig:

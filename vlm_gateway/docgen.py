@@ -31,7 +31,7 @@ NOTES: dict[str, str] = {
     "server.host": "Address to bind; anything but loopback without API keys logs a warning.",
     "server.port": "TCP port.",
     "server.workers": "Worker processes (uvicorn); metrics switch to multi-process mode above 1.",
-    "server.log_level": "debug, info, warning or error.",
+    "server.log_level": "Level of the gateway's log (request lines are info).",
     "server.log_format": "`json` writes one JSON object per line (for log shippers).",
     "upstream.connect_timeout_s": "TCP connect timeout to a backend; a timeout is retried on another backend.",
     "backends[].url": "Base URL of the OpenAI-compatible engine (with or without `/v1`).",
