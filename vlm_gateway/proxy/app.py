@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from .. import metrics
 from ..config import GatewayConfig, config_from_json
-from .asgi import AccessLogMiddleware, RequestIdMiddleware
+from .asgi import AccessLogMiddleware, BrowserGuardMiddleware, RequestIdMiddleware
 from .endpoints import CompletionEndpoint
 from .errors import GatewayError, NotFound, error_bytes
 from .extra_routes import routes as extra_routes
@@ -77,6 +77,28 @@ async def method_not_allowed(request: Request, exc: Exception) -> Response:
                     status_code=405, media_type="application/json")
 
 
+# Exposed to browser pages allowed by server.allowed_origins.
+EXPOSED_HEADERS = ["x-request-id", "x-vlm-gateway-overhead-ms", "x-vlm-gateway-backend", "x-vlm-gateway-cache",
+                   "x-vlm-gateway-cache-similarity", "x-vlm-gateway-visual-tokens", "x-vlm-gateway-image-policy",
+                   "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
+                   "x-ratelimit-limit-images", "x-ratelimit-remaining-images", "x-ratelimit-reset-images",
+                   "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens",
+                   "retry-after"]
+
+
+def middleware(cfg: GatewayConfig) -> list[Middleware]:
+    """Outermost first: request id, access log, Host/Origin guard, CORS (only with allowed origins)."""
+    s = cfg.server
+    stack = [Middleware(RequestIdMiddleware), Middleware(AccessLogMiddleware),
+             Middleware(BrowserGuardMiddleware, allowed_hosts=s.allowed_hosts, allowed_origins=s.allowed_origins,
+                        bind_host=s.host)]
+    if s.allowed_origins:
+        from starlette.middleware.cors import CORSMiddleware
+        stack.append(Middleware(CORSMiddleware, allow_origins=s.allowed_origins, allow_methods=["GET", "POST"],
+                                allow_headers=["*"], expose_headers=EXPOSED_HEADERS, max_age=600))
+    return stack
+
+
 def create_app(cfg: GatewayConfig | None = None) -> Starlette:
     """Build the ASGI app. ``cfg`` defaults to what the CLI passed to this worker."""
     if cfg is None:
@@ -106,8 +128,7 @@ def create_app(cfg: GatewayConfig | None = None) -> Starlette:
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
     routes += extra_routes(cfg)  # ui, admin, openapi
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(RequestIdMiddleware), Middleware(AccessLogMiddleware)],
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware(cfg),
                     exception_handlers={404: not_found, 405: method_not_allowed})
     app.state.config = cfg
     return app

@@ -14,7 +14,8 @@ import orjson
 
 from .. import metrics
 from ..middleware import Reply, run_stages
-from .errors import GatewayError, PayloadTooLarge
+from .body import read_json_body
+from .errors import GatewayError
 from . import recent
 from .relay import Responder
 from .sse import fresh_ids, replay
@@ -24,32 +25,6 @@ if TYPE_CHECKING:
     from .request import ChatRequest
 
 log = logging.getLogger("vlm_gateway.proxy")
-
-
-async def read_body(scope, receive, limit: int) -> bytes:
-    for k, v in scope["headers"]:
-        if k == b"content-length":
-            try:
-                if int(v) > limit:
-                    raise PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes",
-                                          code="body_too_large", reason="body_too_large")
-            except ValueError:
-                pass
-            break
-    chunks = []
-    size = 0
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise asyncio.CancelledError
-        body = msg.get("body", b"")
-        size += len(body)
-        if size > limit:
-            raise PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes",
-                                  code="body_too_large", reason="body_too_large")
-        chunks.append(body)
-        if not msg.get("more_body"):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _until_disconnect(receive) -> None:
@@ -104,7 +79,7 @@ class CompletionEndpoint:
         model = "unknown"
         status = 200
         try:
-            raw = await read_body(scope, receive, gw.cfg.server.max_body_bytes)
+            raw = await read_json_body(scope, receive, gw.cfg.server.max_body_bytes)
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             req = self.parse(raw, headers, rid)
             req.state["scope_state"] = state
