@@ -279,7 +279,7 @@ def test_upstream_5xx_before_first_byte_is_retried(servers):
     # each request hits one failing backend at most once per attempt; 3 attempts over 2 backends
     r = httpx.post(gw.base_url + "/chat/completions", json={
         "model": SIM_MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
-    assert r.status_code == 503 and _err(r)["type"] == "service_unavailable"
+    assert r.status_code == 503 and _err(r)["type"] == "server_error"
 
 
 # -- CLI and configuration -------------------------------------------------------------------

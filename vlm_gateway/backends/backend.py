@@ -34,6 +34,8 @@ class Backend:
     engine_load: dict[str, float] = field(default_factory=dict)
     scraped_at: float = 0.0
     session: aiohttp.ClientSession | None = None
+    # The simulator's timing profile, read from its /sim/config (engine "sim" only).
+    sim_profile: str = ""
 
     @classmethod
     def from_config(cls, cfg: BackendConfig, index: int, profile: dict[str, Any] | None = None) -> "Backend":

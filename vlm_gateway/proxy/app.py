@@ -10,14 +10,14 @@ import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from .. import metrics
+from .. import __version__, metrics
 from ..config import GatewayConfig, config_from_json
 from .asgi import AccessLogMiddleware, BrowserGuardMiddleware, RequestIdMiddleware
 from .endpoints import CompletionEndpoint
-from .errors import GatewayError, NotFound, error_bytes
+from .errors import GatewayError, NotFound, Unavailable, error_bytes
 from .extra_routes import routes as extra_routes
 from .gateway import Gateway
 from .request import parse_chat, parse_completion
@@ -48,6 +48,23 @@ async def models(request: Request) -> Response:
     return _json({"object": "list", "data": data})
 
 
+def ui_served(cfg: GatewayConfig) -> bool:
+    """/ui is on and not disabled for want of an admin key (see proxy/ui.py)."""
+    return cfg.server.ui and not (cfg.auth.tenants and not cfg.auth.admin_key_sha256)
+
+
+async def index(request: Request) -> Response:
+    """``GET /``: a browser goes to the playground; anything else gets the map of the API."""
+    cfg: GatewayConfig = request.app.state.config
+    if ui_served(cfg) and "text/html" in request.headers.get("accept", ""):
+        return RedirectResponse("/ui/", status_code=307)
+    links = {"openai_base_url": "/v1", "models": "/v1/models", "chat": "/v1/chat/completions",
+             "health": "/health", "ready": "/ready", "metrics": "/metrics", "openapi": "/openapi.json"}
+    if ui_served(cfg):
+        links["ui"] = "/ui/"
+    return _json({"service": "vlm-gateway", "version": __version__, **links})
+
+
 async def health(request: Request) -> Response:
     return _json({"status": "ok"})
 
@@ -57,7 +74,7 @@ async def ready(request: Request) -> Response:
     healthy = [b.name for b in gw.pool.backends if b.available]
     if healthy:
         return _json({"status": "ready", "healthy_backends": len(healthy)})
-    return Response(error_bytes(503, "No healthy backend", "service_unavailable", "no_healthy_backend"),
+    return Response(error_bytes(503, "No healthy backend", Unavailable.type, "no_healthy_backend"),
                     status_code=503, media_type="application/json", headers={"retry-after": "1"})
 
 
@@ -120,6 +137,7 @@ def create_app(cfg: GatewayConfig | None = None) -> Starlette:
             await gw.close()
 
     routes = [
+        Route("/", index, methods=["GET"]),
         Route("/v1/chat/completions", CompletionEndpoint("chat", parse_chat, _gateway), methods=["POST"]),
         Route("/v1/completions", CompletionEndpoint("completions", parse_completion, _gateway), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),

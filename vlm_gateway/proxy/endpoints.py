@@ -52,11 +52,22 @@ async def _finish(req: "ChatRequest") -> None:
         pass
 
 
-def error_headers(err: GatewayError, request_id: str | None) -> list[tuple[bytes, bytes]]:
+def error_headers(err: GatewayError, request_id: str | None,
+                  req: "ChatRequest | None" = None) -> list[tuple[bytes, bytes]]:
+    """An error of a completion route carries what a success would: the request id, the
+    gateway's overhead, the backend (``none`` when none was used) and the headers the
+    stages set before it failed (cache result, visual tokens, rate limits)."""
     h = [(b"content-type", b"application/json")]
     if request_id:
         h.append((b"x-request-id", request_id.encode()))
-    h += [(k.encode(), v.encode()) for k, v in err.headers.items()]
+    b = req.state.get("backend") if req is not None else None
+    h.append((b"x-vlm-gateway-backend", b.name.encode() if b is not None else b"none"))
+    if req is not None:
+        overhead = (time.perf_counter() - req.t_start - req.upstream_s) * 1000.0
+        h.append((b"x-vlm-gateway-overhead-ms", b"%.3f" % overhead))
+    merged = {k.lower(): v for k, v in (req.response_headers.items() if req is not None else ())}
+    merged.update({k.lower(): v for k, v in err.headers.items()})
+    h += [(k.encode(), v.encode()) for k, v in merged.items()]
     return h
 
 
@@ -105,7 +116,7 @@ class CompletionEndpoint:
                 await gw.relay._stream_error(out, e)  # counts the rejection itself
             else:
                 metrics.REJECTIONS.labels(str(e.status), e.reason).inc()
-                await out.start(e.status, error_headers(e, rid))
+                await out.start(e.status, error_headers(e, rid, req))
                 await out.end(e.json())
         except Exception:
             status = 500
@@ -113,7 +124,7 @@ class CompletionEndpoint:
             if not out.started:
                 err = GatewayError("The gateway hit an internal error; the request was not completed",
                                    code="internal_error")
-                await out.start(500, error_headers(err, rid))
+                await out.start(500, error_headers(err, rid, req))
                 await out.end(err.json())
         finally:
             if disconnect is not None:

@@ -240,7 +240,8 @@ def _backend_view(b) -> dict[str, Any]:
     cap = b.capacity
     return {
         "name": b.name, "engine": b.engine, "url": b.base_url, "models": sorted(b.models),
-        "profile": b.profile.get("name") or "", "gpu": b.profile.get("gpu") or "",
+        "profile": b.profile.get("name") or (f"simulator: {b.sim_profile}" if b.sim_profile else ""),
+        "gpu": b.profile.get("gpu") or "",
         "healthy": b.healthy, "available": b.available,
         "state": ("down" if not b.healthy else "ejected" if now < b.ejected_until
                   else "drained" if getattr(b, "drained", False) else "ok"),
