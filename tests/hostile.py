@@ -17,9 +17,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class HostileBackend:
-    def __init__(self, handler: Handler, health_status: int = 200, model: str = SIM_MODEL) -> None:
+    def __init__(self, handler: Handler, health_status: int = 200, model: str = SIM_MODEL,
+                 health_location: str = "") -> None:
         self.handler = handler
         self.health_status = health_status
+        self.health_location = health_location  # with a 3xx health_status: where /health redirects
         self.model = model
         self.port = free_port()
         self.hits = 0            # completion requests received
@@ -38,7 +40,8 @@ class HostileBackend:
         asyncio.set_event_loop(self._loop)
 
         async def health(request):
-            return web.Response(status=self.health_status, text="")
+            headers = {"location": self.health_location} if self.health_location else None
+            return web.Response(status=self.health_status, text="", headers=headers)
 
         async def models(request):
             return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
@@ -54,7 +57,8 @@ class HostileBackend:
         app.router.add_post("/v1/completions", completion)
 
         async def start():
-            self._runner = web.AppRunner(app)
+            # handlers still running at stop() (a stalled answer) are cut after a second
+            self._runner = web.AppRunner(app, shutdown_timeout=1.0)
             await self._runner.setup()
             await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
             self._ready.set()
@@ -74,6 +78,6 @@ class HostileBackend:
         async def down():
             if self._runner is not None:
                 await self._runner.cleanup()
-        asyncio.run_coroutine_threadsafe(down(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(down(), self._loop).result(20)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
