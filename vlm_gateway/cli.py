@@ -27,6 +27,21 @@ def _one_line(message: str) -> str:
     return " ".join(message.split())
 
 
+def _connection_limit(configured: int) -> int:
+    """Raise the descriptor limit for the connection cap (workers inherit it); the cap.
+    An explicit cap the limit cannot hold is a config error."""
+    from .proxy.connection_guard import connection_cap, fds_needed, raise_fd_limit
+    if configured:
+        need = fds_needed(configured)
+        have = raise_fd_limit(need)
+        if have < need:
+            raise ConfigError(f"server.max_connections: {configured} connections need about {need} file "
+                              f"descriptors per worker, the limit is {have} (ulimit -n); raise the limit, "
+                              "lower the cap, or set 0 for a cap derived from the limit")
+        return configured
+    return connection_cap(0, raise_fd_limit(1 << 17))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     overrides: dict = {}
     server = {k: v for k, v in (("host", args.host), ("port", args.port), ("workers", args.workers),
@@ -42,6 +57,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             cfg.backends.append(BackendConfig(url=url, engine="openai"))
         if args.backend:
             validate(cfg)  # names must stay unique with the added backends
+    except ConfigError as e:
+        print(f"vlm-gateway: config error: {_one_line(str(e))}", file=sys.stderr)
+        return 2
+    try:
+        cap = _connection_limit(cfg.server.max_connections)
     except ConfigError as e:
         print(f"vlm-gateway: config error: {_one_line(str(e))}", file=sys.stderr)
         return 2
@@ -65,12 +85,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os.environ["VLM_GATEWAY_CONFIG_JSON"] = orjson.dumps(cfg.to_dict()).decode()
     if cfg.server.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="vlm-gateway-metrics-")
-    log.info("vlm-gateway %s listening on http://%s:%d (%d worker%s, %d backend%s)", __version__,
-             cfg.server.host, cfg.server.port, cfg.server.workers, "s" if cfg.server.workers > 1 else "",
-             len(cfg.backends), "s" if len(cfg.backends) > 1 else "")
+    log.info("vlm-gateway %s listening on http://%s:%d (%d worker%s, %d backend%s, up to %d client connections "
+             "per worker)", __version__, cfg.server.host, cfg.server.port, cfg.server.workers,
+             "s" if cfg.server.workers > 1 else "", len(cfg.backends), "s" if len(cfg.backends) > 1 else "", cap)
+    # uvicorn's httptools protocol plus header/body deadlines and the connection cap
     uvicorn.run("vlm_gateway.proxy.app:create_app", factory=True, host=cfg.server.host, port=cfg.server.port,
                 workers=cfg.server.workers, log_level="warning", access_log=False, loop="uvloop",
-                http="httptools", timeout_graceful_shutdown=5)
+                http="vlm_gateway.proxy.connection_guard:GuardedHttpToolsProtocol", timeout_graceful_shutdown=5)
     return 0
 
 

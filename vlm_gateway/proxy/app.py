@@ -16,6 +16,7 @@ from starlette.routing import Route
 from .. import __version__, metrics
 from ..config import GatewayConfig, config_from_json
 from .asgi import AccessLogMiddleware, BrowserGuardMiddleware, RequestIdMiddleware
+from .connection_guard import STATE_KEY as GUARD_STATE_KEY, make_guard
 from .endpoints import CompletionEndpoint
 from .errors import GatewayError, NotFound, Unavailable, error_bytes
 from .extra_routes import routes as extra_routes
@@ -126,13 +127,16 @@ def create_app(cfg: GatewayConfig | None = None) -> Starlette:
         from ..logs import setup_logging
         setup_logging(cfg.server.log_level, cfg.server.log_format)
 
+    guard = make_guard(cfg.server)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         gw = Gateway(cfg)
         app.state.gateway = gw
         await gw.start()
         try:
-            yield
+            # lifespan state reaches uvicorn's protocols: the connection guard's settings and table
+            yield {GUARD_STATE_KEY: guard}
         finally:
             await gw.close()
 
