@@ -16,7 +16,8 @@ PAGES = [("summary.md", None), ("overhead.md", "Gateway overhead (vs LiteLLM's p
          ("gpu.md", "Real engine (vLLM 0.24 on H200)"), ("images.md", "Image rewriting"),
          ("cache.md", "Response caches (L3)"), ("routing.md", "Routing policies (simulated H200 pool)"),
          ("simulator.md", "Simulator calibration"), ("soak.md", "Soak"),
-         ("observability.md", "Observability costs"), ("ecosystem.md", "Ecosystem")]
+         ("observability.md", "Observability costs"), ("ecosystem.md", "Ecosystem"),
+         ("hardening.md", "Hardening guards")]
 
 
 def demote(text: str) -> str:

@@ -147,9 +147,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             g.idle.pop(self, None)
 
     def _arm(self, at: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.loop.call_at(self.loop.time() + max(0.0, at - time.monotonic()), self._check)
+        """Make sure a check runs by ``at``. A pending earlier check is kept: it re-arms
+        for whatever deadline holds when it runs (one timer per connection, not one
+        per request phase)."""
+        if self._timer is None:
+            self._timer = self.loop.call_at(self.loop.time() + max(0.0, at - time.monotonic()), self._check)
 
     def _disarm(self) -> None:
         if self._timer is not None:
@@ -222,7 +224,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
         if self.guard is None:
             return
-        if self._reading != "head" or self._timer is None:  # a keep-alive request: its own deadline
+        if self._reading != "head":  # a keep-alive request: its own deadline from its first byte
             self._reading = "head"
             self._head_deadline = time.monotonic() + self.guard.settings.header_timeout_s
             self._arm(self._head_deadline)
@@ -231,7 +233,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.guard is None:
             super().on_headers_complete()
             return
-        self._disarm()
         self._reading, self._serving = "body", True
         self._head_bytes = 0
         self._idle(False)
@@ -256,8 +257,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
         if self.guard is None:
             return
-        self._reading = None
-        self._disarm()
+        self._reading = None  # a pending check finds nothing to do
         if not self._serving:
             self._idle(True)
 
