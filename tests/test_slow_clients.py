@@ -272,3 +272,19 @@ def test_an_explicit_cap_the_descriptor_limit_cannot_hold_is_a_config_error(tmp_
     r = subprocess.run([sys.executable, "-m", "vlm_gateway", "serve", "--config", str(path), "--port", "1"],
                        capture_output=True, text=True, timeout=30, preexec_fn=limit)
     assert r.returncode == 2 and "server.max_connections" in r.stderr and "ulimit" in r.stderr, r.stderr
+
+
+def test_keep_alive_timeout_is_configurable(servers):
+    """Behind a load balancer that reuses connections, the gateway's idle timeout must
+    outlast the balancer's: server.keep_alive_timeout_s sets it."""
+    sim = servers.sim()
+    gw = servers.gateway({"server": {"keep_alive_timeout_s": 3}}, backends=[sim])
+    s = connect(gw.port)
+    s.setblocking(True)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert s.recv(65536).startswith(b"HTTP/1.1 200")
+    s.setblocking(False)
+    time.sleep(1.0)
+    assert not closed_by_server(s)[0]  # uvicorn's default (5 s) would pass this too ...
+    wait_closed([s], timeout=3)        # ... but not this: closed at about 3 s
+    s.close()
