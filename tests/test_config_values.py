@@ -37,6 +37,7 @@ BAD: dict[str, typing.Any] = {
     "server.body_min_bytes_per_s": -5,
     "server.max_connections": 3,
     "server.keep_alive_timeout_s": 0,
+    "server.send_timeout_s": 0,
     "upstream.connect_timeout_s": 0,
     "upstream.read_timeout_s": -1,
     "upstream.total_timeout_s": 0,

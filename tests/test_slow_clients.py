@@ -288,3 +288,48 @@ def test_keep_alive_timeout_is_configurable(servers):
     assert not closed_by_server(s)[0]  # uvicorn's default (5 s) would pass this too ...
     wait_closed([s], timeout=3)        # ... but not this: closed at about 3 s
     s.close()
+
+
+def test_a_client_that_stops_reading_is_disconnected_and_the_upstream_freed(servers):
+    """A stream whose client takes no bytes: after server.send_timeout_s the gateway drops
+    the client, which cancels the upstream request (the backend's write fails)."""
+    import asyncio
+
+    from aiohttp import web
+
+    from hostile import HostileBackend
+
+    seen: dict = {}
+
+    async def firehose(request):
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        event = b'data: {"choices": [{"index": 0, "delta": {"content": "' + b"y" * 16000 + b'"}}]}\n\n'
+        try:
+            for _ in range(100000):  # 1.6 GB if nobody stops it
+                await resp.write(event)
+        except (ConnectionError, RuntimeError, asyncio.CancelledError):
+            seen["upstream_closed_at"] = time.time()
+        return resp
+    backend = HostileBackend(firehose).start()
+    try:
+        gw = servers.gateway({"backends": [{"url": backend.base_url, "name": "fire", "models": [SIM_MODEL]}],
+                              "server": {"send_timeout_s": 1.0}})
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", gw.port))
+        body = BODY.replace(b'"max_tokens": 2', b'"max_tokens": 2, "stream": true')
+        s.sendall(_post_head(len(body)) + body)
+        t0 = time.time()
+        # never read: the stream fills the socket buffers, then the gateway's
+        deadline = time.time() + 20
+        while "upstream_closed_at" not in seen and time.time() < deadline:
+            time.sleep(0.1)
+        assert "upstream_closed_at" in seen, "the gateway kept the stream (and its upstream) open"
+        assert seen["upstream_closed_at"] - t0 < 10
+        s.close()
+        assert re.search(r'vlm_gateway_client_connections_closed_total\{reason="send_timeout"\} 1',
+                         httpx.get(gw.url + "/metrics").text)
+        assert httpx.get(gw.url + "/ready").status_code == 200
+    finally:
+        backend.stop()

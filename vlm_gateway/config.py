@@ -70,6 +70,9 @@ class ServerConfig:
     # without sending a complete request is closed to make room; a small reserve beyond the
     # cap answers only /health, /ready and /metrics.
     max_connections: int = 0
+    # A client that takes no response bytes for this long while the gateway has some to send
+    # (a stream it stopped reading) is disconnected; its upstream request is cancelled.
+    send_timeout_s: float = 60.0
     # An idle keep-alive connection is closed after this long. Behind a load balancer that
     # reuses connections, make it longer than the balancer's own idle timeout.
     keep_alive_timeout_s: float = 5.0

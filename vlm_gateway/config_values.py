@@ -246,6 +246,7 @@ RULES: dict[str, Rule] = {
     "server.body_timeout_s": above(0),
     "server.max_connections": lambda v, c: None if v == 0 or v >= 16 else f"must be 0 (automatic) or >= 16, got {v}",
     "server.keep_alive_timeout_s": above(0),
+    "server.send_timeout_s": above(0),
     "upstream.connect_timeout_s": above(0),
     "upstream.read_timeout_s": above(0),
     "upstream.total_timeout_s": above(0),

@@ -13,6 +13,9 @@ uvicorn's ``http``; its settings arrive through the app's lifespan state).
   ``server.body_min_bytes_per_s`` bytes received (mod_reqtimeout's rule); time during
   which the gateway itself is not reading does not count. Late: 408 (or a plain
   close once a response started) and the app sees a disconnect.
+- **Send deadline**: a client that takes no response bytes for
+  ``server.send_timeout_s`` while the gateway has some to send (a stream it stopped
+  reading) is disconnected, which cancels the upstream request and frees its slot.
 - **Connection cap**: at most ``server.max_connections`` per worker (0 = half the
   file-descriptor limit, leaving the other half to backends, Redis and image
   fetches, so the gateway never runs out of descriptors for its own probes). At the
@@ -57,6 +60,7 @@ class GuardSettings:
     body_timeout_s: float = 20.0
     body_min_bytes_per_s: int = 8192
     max_connections: int = 1024
+    send_timeout_s: float = 60.0
 
 
 def fd_limit() -> int:
@@ -136,6 +140,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._body_start = self._body_last = 0.0
         self._body_bytes = 0
+        self._send_stalled = 0.0  # when the client stopped taking response bytes (0: it takes them)
 
     # -- bookkeeping -------------------------------------------------------------------
     def _idle(self, on: bool) -> None:
@@ -150,8 +155,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """Make sure a check runs by ``at``. A pending earlier check is kept: it re-arms
         for whatever deadline holds when it runs (one timer per connection, not one
         per request phase)."""
-        if self._timer is None:
-            self._timer = self.loop.call_at(self.loop.time() + max(0.0, at - time.monotonic()), self._check)
+        when = self.loop.time() + max(0.0, at - time.monotonic())
+        if self._timer is not None:
+            if self._timer.when() <= when:
+                return
+            self._timer.cancel()
+        self._timer = self.loop.call_at(when, self._check)
 
     def _disarm(self) -> None:
         if self._timer is not None:
@@ -178,7 +187,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.guard is not None:
             self.guard.open.discard(self)
             self._idle(False)
-        self.transport.close()
+        if reason == "send_timeout":
+            self.transport.abort()  # close() would wait to flush what the client does not read
+        else:
+            self.transport.close()
         return True
 
     # -- connection --------------------------------------------------------------------
@@ -269,11 +281,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._reading is None:
             self._idle(True)  # keep-alive: evictable until its next request
 
+    # -- writing -----------------------------------------------------------------------
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.guard is not None:
+            self._send_stalled = time.monotonic()
+            self._arm(self._send_stalled + self.guard.settings.send_timeout_s)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._send_stalled = 0.0
+
     # -- deadlines ---------------------------------------------------------------------
     def _check(self) -> None:
         self._timer = None
         s = self.guard.settings
         now = time.monotonic()
+        if self._send_stalled:
+            if now >= self._send_stalled + s.send_timeout_s:
+                self.closed("send_timeout")  # the client stopped reading: the app sees a disconnect
+                return
+            self._arm(self._send_stalled + s.send_timeout_s)
         if self._reading == "head":
             if now >= self._head_deadline:
                 self.closed("header_timeout", _error(
@@ -301,4 +329,5 @@ def make_guard(server_cfg) -> ConnectionGuard:
     return ConnectionGuard(GuardSettings(
         header_timeout_s=server_cfg.header_timeout_s, max_header_bytes=server_cfg.max_header_bytes,
         body_timeout_s=server_cfg.body_timeout_s, body_min_bytes_per_s=server_cfg.body_min_bytes_per_s,
-        max_connections=connection_cap(server_cfg.max_connections, fd_limit())))
+        max_connections=connection_cap(server_cfg.max_connections, fd_limit()),
+        send_timeout_s=server_cfg.send_timeout_s))
