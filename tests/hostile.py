@@ -18,8 +18,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 class HostileBackend:
     def __init__(self, handler: Handler, health_status: int = 200, model: str = SIM_MODEL,
-                 health_location: str = "") -> None:
+                 health_location: str = "", models_handler: Handler | None = None) -> None:
         self.handler = handler
+        self.models_handler = models_handler  # replaces the /v1/models answer
         self.health_status = health_status
         self.health_location = health_location  # with a 3xx health_status: where /health redirects
         self.model = model
@@ -44,6 +45,8 @@ class HostileBackend:
             return web.Response(status=self.health_status, text="", headers=headers)
 
         async def models(request):
+            if self.models_handler is not None:
+                return await self.models_handler(request)
             return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
 
         async def completion(request):

@@ -239,3 +239,26 @@ def test_a_long_event_is_buffered_in_linear_time():
     small = min(cost(2 * MiB) for _ in range(3))
     big = min(cost(8 * MiB) for _ in range(3))
     assert big / small < 8, (small, big)
+
+
+def test_a_flood_on_the_model_list_probe_is_cut(servers, backends):
+    """The health probe reads a backend's /v1/models: a hostile answer of any size costs
+    at most 1 MiB, and the backend is unhealthy, with the reason in the log."""
+    written = {}
+
+    async def models(request):
+        resp = web.StreamResponse(headers={"content-type": "application/json"})
+        await resp.prepare(request)
+        try:
+            await resp.write(b'{"data": [{"id": "')
+            for _ in range(400):
+                await resp.write(b"m" * (256 * 1024))
+                written["n"] = written.get("n", 0) + 256 * 1024
+        except (ConnectionError, RuntimeError):
+            pass
+        return resp
+    bad = backends(lambda r: asyncio.sleep(0, web.json_response({})), models_handler=models)
+    gw = servers.gateway({"backends": [{"url": bad.base_url, "name": "flood"}]}, ready_path="/health")
+    assert until(lambda: "backend flood is unhealthy" in gw.output(), 10)
+    assert "larger than" in gw.output()
+    assert written.get("n", 0) < 64 * MiB

@@ -46,6 +46,22 @@ log = logging.getLogger("vlm_gateway.pool")
 STATES = ("closed", "open", "half_open", "down")
 
 
+# A probe reads at most this much of an answer: a model list or a config, never a flood.
+PROBE_MAX_BYTES = 1 << 20
+
+
+async def _read_small(r: aiohttp.ClientResponse) -> bytes:
+    data = await r.content.read(PROBE_MAX_BYTES + 1)
+    while len(data) <= PROBE_MAX_BYTES and not r.content.at_eof():
+        more = await r.content.read(PROBE_MAX_BYTES + 1 - len(data))
+        if not more:
+            break
+        data += more
+    if len(data) > PROBE_MAX_BYTES:
+        raise aiohttp.ClientPayloadError(f"answer larger than {PROBE_MAX_BYTES} bytes")
+    return data
+
+
 class Pool:
     def __init__(self, cfg: GatewayConfig, backends: list[Backend]) -> None:
         self.cfg = cfg
@@ -121,7 +137,7 @@ class Pool:
             if not why and not b.models_configured:
                 async with b.session.get(f"{b.base_url}/models", timeout=timeout, allow_redirects=False) as r:
                     if r.status == 200:
-                        data = orjson.loads(await r.read())
+                        data = orjson.loads(await _read_small(r))
                         models = {m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m}
                         if models != b.models:
                             b.models = models
@@ -129,7 +145,7 @@ class Pool:
             if not why and b.engine == "sim" and not b.sim_profile:
                 async with b.session.get(f"{b.origin}/sim/config", timeout=timeout, allow_redirects=False) as r:
                     if r.status == 200:
-                        b.sim_profile = str(orjson.loads(await r.read()).get("profile") or "")
+                        b.sim_profile = str(orjson.loads(await _read_small(r)).get("profile") or "")
         except asyncio.TimeoutError:
             why = f"no answer within {limit:g}s"
         except aiohttp.ClientConnectorError as e:
