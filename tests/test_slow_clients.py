@@ -333,3 +333,21 @@ def test_a_client_that_stops_reading_is_disconnected_and_the_upstream_freed(serv
         assert httpx.get(gw.url + "/ready").status_code == 200
     finally:
         backend.stop()
+
+
+def test_upgrade_requests_neither_leak_connection_slots_nor_flood_the_log(servers):
+    """The gateway has no WebSocket route: an Upgrade request is answered as plain HTTP,
+    and a stream of them leaves the connection cap as it was."""
+    sim = servers.sim()
+    gw = servers.gateway({"server": {"max_connections": 16}}, backends=[sim])
+    for _ in range(40):
+        s = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        assert s.recv(200).startswith(b"HTTP/1.1 200")
+        s.close()
+    for _ in range(3):
+        r = httpx.post(gw.base_url + "/chat/completions", content=BODY, timeout=10,
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
+    assert "Upgrade" not in gw.output() and "WebSocket" not in gw.output()

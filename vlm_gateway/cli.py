@@ -91,7 +91,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # uvicorn's httptools protocol plus header/body deadlines and the connection cap
     uvicorn.run("vlm_gateway.proxy.app:create_app", factory=True, host=cfg.server.host, port=cfg.server.port,
                 workers=cfg.server.workers, log_level="warning", access_log=False, loop="uvloop",
-                http="vlm_gateway.proxy.connection_guard:GuardedHttpToolsProtocol", timeout_graceful_shutdown=5,
+                http="vlm_gateway.proxy.connection_guard:GuardedHttpToolsProtocol", ws="none",
+                timeout_graceful_shutdown=5,
                 timeout_keep_alive=cfg.server.keep_alive_timeout_s)
     return 0
 

@@ -183,10 +183,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle.message_event.set()
         if answer and may_answer:
             self.transport.write(answer)
-        self._disarm()
-        if self.guard is not None:
-            self.guard.open.discard(self)
-            self._idle(False)
+        self._forget()
         if reason == "send_timeout":
             self.transport.abort()  # close() would wait to flush what the client does not read
         else:
@@ -212,11 +209,24 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_deadline = time.monotonic() + g.settings.header_timeout_s
         self._arm(self._head_deadline)
 
-    def connection_lost(self, exc) -> None:
+    def handle_websocket_upgrade(self) -> None:
+        # the connection leaves this protocol (the gateway has no WebSocket route, and the
+        # CLI runs without a WebSocket protocol): it must not stay counted here
+        self._forget()
+        super().handle_websocket_upgrade()
+
+    def _unsupported_upgrade_warning(self) -> None:
+        # an Upgrade header is served as plain HTTP: not worth two warnings per request
+        log.debug("ignored an Upgrade request from %s", self.client)
+
+    def _forget(self) -> None:
         self._disarm()
         if self.guard is not None:
             self.guard.open.discard(self)
             self._idle(False)
+
+    def connection_lost(self, exc) -> None:
+        self._forget()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
