@@ -128,7 +128,7 @@ def test_bound_to_all_interfaces_answers_by_address_and_machine_name(servers):
     sim = servers.sim()
     gw = servers.gateway({}, backends=[sim], extra_args=["--host", "0.0.0.0"])
     assert httpx.get(gw.url + "/v1/models").status_code == 200
-    assert httpx.get(gw.url + "/v1/models", headers={"host": f"{socket.getfqdn()}:{gw.port}"}).status_code == 200
+    assert httpx.get(gw.url + "/v1/models", headers={"host": f"{socket.gethostname()}:{gw.port}"}).status_code == 200
     assert httpx.get(gw.url + "/v1/models", headers={"host": "attacker.example"}).status_code == 400
 
 

@@ -48,7 +48,7 @@ class ServerConfig:
     # Serve the playground/status page at /ui.
     ui: bool = True
     # Host names the gateway answers to (the Host header, port ignored); others get 400.
-    # Always accepted: localhost, IP addresses and this machine's own names. Add the names
+    # Always accepted: localhost, IP addresses and this machine's host name. Add the names
     # clients and load balancers use (gw.example.com, *.example.com); "*" accepts any name
     # and switches the DNS-rebinding guard off.
     allowed_hosts: list[str] = field(default_factory=list)

@@ -4,7 +4,7 @@
   at 127.0.0.1 is same-origin with the gateway as far as the browser knows, and
   could read ``/ui/api/status``. Requests are answered only for Host names the
   gateway knows: ``localhost`` and ``*.localhost``, IP addresses (a page cannot
-  re-point an address), this machine's own names and ``server.allowed_hosts``
+  re-point an address), this machine's host name and ``server.allowed_hosts``
   (``name``, ``*.domain``, or ``*`` for any). Others get 400 ``host_not_allowed``.
   ``/health`` and ``/ready`` answer any Host: probes address the gateway by
   whatever name their platform gives it, and they carry nothing to read.
@@ -55,13 +55,13 @@ def _is_ip(name: str) -> bool:
 
 
 def own_names(bind_host: str) -> set[str]:
-    """This machine's names, and the bind address when it is a name."""
+    """This machine's host name (not its FQDN: that needs a DNS lookup, which can hang at
+    start-up; list such names in server.allowed_hosts), and the bind address when it is a name."""
     names = set()
-    for fn in (socket.gethostname, socket.getfqdn):
-        try:
-            names.add(fn().lower().rstrip("."))
-        except OSError:
-            pass
+    try:
+        names.add(socket.gethostname().lower().rstrip("."))
+    except OSError:
+        pass
     if bind_host and not _is_ip(bind_host):
         names.add(bind_host.lower().rstrip("."))
     return {n for n in names if n}
