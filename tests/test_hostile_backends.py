@@ -262,3 +262,11 @@ def test_a_flood_on_the_model_list_probe_is_cut(servers, backends):
     assert until(lambda: "backend flood is unhealthy" in gw.output(), 10)
     assert "larger than" in gw.output()
     assert written.get("n", 0) < 64 * MiB
+
+
+def test_a_null_error_field_is_not_an_error(servers, backends):
+    ok = {"id": "x", "object": "chat.completion", "created": 1, "model": SIM_MODEL, "error": None,
+          "choices": [{"index": 0, "message": {"role": "assistant", "content": "fine"}, "finish_reason": "stop"}]}
+    gw = gateway(servers, backends(lambda r: asyncio.sleep(0, web.json_response(ok))))
+    r = httpx.post(gw.base_url + "/chat/completions", json=BODY)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "fine"

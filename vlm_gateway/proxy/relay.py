@@ -256,7 +256,7 @@ class Relay:
         except ValueError:
             self._release(b, failed=True)
             raise BadGateway(f"Backend {b.name} returned a malformed response", code="upstream_malformed") from None
-        if "error" in completion or completion.get("object") == "error":
+        if completion.get("error") not in (None, "", {}) or completion.get("object") == "error":
             self._release(b, failed=True)
             raise BadGateway(f"Backend {b.name} answered HTTP 200 with an error: {_error_message(completion)}",
                              code="upstream_error_body")

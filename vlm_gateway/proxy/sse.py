@@ -123,8 +123,9 @@ class StreamWatcher:
                     continue
                 if not isinstance(obj, dict):
                     continue
-                if "error" in obj:
-                    self.error = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
+                err = obj.get("error")
+                if err not in (None, "", {}) or obj.get("object") == "error":
+                    self.error = err if isinstance(err, dict) and err else {"message": str(err or obj.get("message"))}
                 if isinstance(obj.get("usage"), dict):
                     self.usage = obj["usage"]
                 if self.assemble:
