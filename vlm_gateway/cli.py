@@ -43,6 +43,11 @@ def _connection_limit(configured: int) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    # Checking the config imports the metrics module here; with several workers this process
+    # only supervises, and must not write Prometheus multi-process files of its own (a
+    # directory given in the environment is read when prometheus_client is imported): the
+    # directory goes back into the environment just before the workers are started.
+    multiproc_dir = os.environ.pop("PROMETHEUS_MULTIPROC_DIR", "")
     overrides: dict = {}
     server = {k: v for k, v in (("host", args.host), ("port", args.port), ("workers", args.workers),
                                 ("log_format", args.log_format)) if v is not None}
@@ -83,8 +88,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     cfg.server.host)
     import uvicorn
     os.environ["VLM_GATEWAY_CONFIG_JSON"] = orjson.dumps(cfg.to_dict()).decode()
-    if cfg.server.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="vlm-gateway-metrics-")
+    if cfg.server.workers > 1:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = multiproc_dir or tempfile.mkdtemp(prefix="vlm-gateway-metrics-")
     log.info("vlm-gateway %s listening on http://%s:%d (%d worker%s, %d backend%s, up to %d client connections "
              "per worker)", __version__, cfg.server.host, cfg.server.port, cfg.server.workers,
              "s" if cfg.server.workers > 1 else "", len(cfg.backends), "s" if len(cfg.backends) > 1 else "", cap)
