@@ -68,7 +68,7 @@ def long_event_s(make, size: int) -> float:
 
 
 def main() -> None:
-    print(f"| case | re-split | StreamWatcher |\n|---|---|---|")
+    print("| case | re-split | StreamWatcher |\n|---|---|---|")
     for assemble in (False, True):
         old = per_event_us(lambda: Resplit(assemble))
         new = per_event_us(lambda: StreamWatcher(assemble))
