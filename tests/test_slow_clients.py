@@ -351,3 +351,24 @@ def test_upgrade_requests_neither_leak_connection_slots_nor_flood_the_log(server
                        headers={"content-type": "application/json"})
         assert r.status_code == 200, r.text
     assert "Upgrade" not in gw.output() and "WebSocket" not in gw.output()
+
+
+def test_protocol_level_answers_have_the_openai_shape_and_the_common_headers(env):
+    _, gw = env
+    s = connect(gw.port)
+    s.setblocking(True)
+    s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+    s.settimeout(5)
+    raw = s.recv(65536)
+    s.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400")
+    assert b"x-request-id: " in head and b"x-vlm-gateway-overhead-ms: " in head
+    import orjson
+    err = orjson.loads(body)["error"]
+    assert err["code"] == "invalid_http" and err["type"] == "invalid_request_error"
+    s = connect(gw.port)
+    s.send(b"GET /health HTTP/1.1\r\n")
+    (answer,) = wait_closed([s], timeout=4)  # the header deadline's 408 carries them too
+    assert answer.startswith(b"HTTP/1.1 408") and b"x-request-id: " in answer
+    s.close()

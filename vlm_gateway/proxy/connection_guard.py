@@ -35,6 +35,7 @@ import asyncio
 import logging
 import resource
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -91,13 +92,17 @@ def fds_needed(cap: int) -> int:
 
 
 def _error(status: int, message: str, code: str) -> bytes:
+    """A whole response, written by the protocol itself (no request reached the app): the
+    OpenAI error shape and the headers every response carries (a fresh request id; no
+    time was spent on a request)."""
     body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error" if status < 500
                                    else "server_error", "param": None, "code": code}})
-    phrase = {408: b"Request Timeout", 431: b"Request Header Fields Too Large",
+    phrase = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large",
               503: b"Service Unavailable"}[status]
     extra = b"retry-after: 1\r\n" if status == 503 else b""
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%sconnection: close\r\n\r\n"
-            % (status, phrase, len(body), extra)) + body
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s"
+            b"x-request-id: %s\r\nx-vlm-gateway-overhead-ms: 0.000\r\nconnection: close\r\n\r\n"
+            % (status, phrase, len(body), extra, uuid.uuid4().hex.encode())) + body
 
 
 class ConnectionGuard:
@@ -208,6 +213,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._idle(True)
         self._head_deadline = time.monotonic() + g.settings.header_timeout_s
         self._arm(self._head_deadline)
+
+    def send_400_response(self, msg: str) -> None:
+        # unparsable HTTP: the OpenAI error shape instead of uvicorn's plain text
+        metrics.CONNECTIONS_CLOSED.labels("bad_request").inc()
+        self.transport.write(_error(400, f"The request is not valid HTTP/1.1 ({msg.rstrip('.')})",
+                                    "invalid_http"))
+        self._forget()
+        self.transport.close()
 
     def handle_websocket_upgrade(self) -> None:
         # the connection leaves this protocol (the gateway has no WebSocket route, and the
