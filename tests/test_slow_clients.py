@@ -207,7 +207,7 @@ def test_probes_answer_when_every_connection_is_busy(servers):
         r = httpx.post(gw.base_url + "/chat/completions", content=BODY, timeout=5,
                        headers={"content-type": "application/json"})
         assert r.status_code == 503 and r.json()["error"]["code"] == "too_many_connections"
-        assert r.headers["retry-after"] == "1"
+        assert r.headers["retry-after"] == "1" and r.headers["x-request-id"]
     finally:
         for st in streams:
             st.__exit__(None, None, None)

@@ -129,6 +129,7 @@ async def _probes_only(scope, receive, send) -> None:
                                    "code": "too_many_connections"}})
     await send({"type": "http.response.start", "status": 503,
                 "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
+                            (b"x-request-id", uuid.uuid4().hex.encode()), (b"x-vlm-gateway-overhead-ms", b"0.000"),
                             (b"connection", b"close"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
