@@ -7,6 +7,7 @@ streaming body limit."""
 from __future__ import annotations
 
 import json
+import re
 import select
 import socket
 import time
@@ -152,7 +153,9 @@ def _send_chunked(port: int, path: str, total: int, chunk: int = 256 * 1024) -> 
                 if not data:
                     break
                 answer += data
-                if b"\r\n\r\n" in answer:
+                head, sep, body = answer.partition(b"\r\n\r\n")
+                length = re.search(rb"content-length: (\d+)", head, re.I) if sep else None
+                if length and len(body) >= int(length.group(1)):
                     break
             if w:
                 if not pending:
