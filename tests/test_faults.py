@@ -120,7 +120,7 @@ async def test_malformed_or_html_upstream_is_a_clean_502(env, fault):
                    json={"model": SIM_MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
     assert r.status_code == 502
     err = r.json()["error"]
-    assert err["type"] == "upstream_error" and err["code"] in ("upstream_malformed", "upstream_bad_content_type")
+    assert err["type"] == "server_error" and err["code"] in ("upstream_malformed", "upstream_bad_content_type")
     assert "<html" not in r.text
     assert wait_inflight_zero(gw) == 0
 

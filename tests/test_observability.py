@@ -245,7 +245,7 @@ def test_rejections_are_counted_once_by_status_and_reason(servers):
     sim = servers.sim()
     gw = servers.gateway({"server": {"max_body_bytes": 4096}}, backends=[sim])
     base = gw.base_url + "/chat/completions"
-    assert httpx.post(base, content=b"{not json").status_code == 400
+    assert httpx.post(base, content=b"{not json", headers={"content-type": "application/json"}).status_code == 400
     assert httpx.post(base, json={"model": "nope", "messages": [{"role": "user", "content": "x"}]}).status_code == 404
     big = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "x" * 8000}]}
     assert httpx.post(base, json=big).status_code == 413

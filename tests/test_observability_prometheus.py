@@ -24,6 +24,7 @@ import yaml
 from conftest import SIM_MODEL, free_port, wait_http
 from images import data_uri, image_bytes
 from vlm_gateway.middleware.images import corpus
+from test_security_support import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "grafana"))
@@ -126,8 +127,10 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(servers, tmp_
     tenants = [{"name": "load", "key_sha256": hashlib.sha256(KEY.encode()).hexdigest()},
                {"name": "tiny", "key_sha256": hashlib.sha256(TINY_KEY.encode()).hexdigest(),
                 "requests_per_minute": 1}]
-    gw = servers.gateway({"auth": {"tenants": tenants}, "server": {"max_body_bytes": 256 * 1024}},
-                         backends=sims, workers=2)
+    # two workers share their rate limits through Redis (per-process limits would double)
+    redis = RedisServer(str(tmp_path)).start()
+    gw = servers.gateway({"auth": {"tenants": tenants}, "server": {"max_body_bytes": 256 * 1024},
+                          "redis_url": redis.url}, backends=sims, workers=2)
     prom_proc, prom = _prometheus(tmp_path, gw.port, [s.port for s in sims])
     try:
         # both targets up before the load, so every counter's first increase is seen
@@ -175,3 +178,4 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(servers, tmp_
     finally:
         prom_proc.terminate()
         prom_proc.wait(10)
+        redis.stop()

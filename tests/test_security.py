@@ -219,6 +219,44 @@ def test_concurrent_streams_limit_released_on_abort(env):
     assert oks == [200, 200, 200]
 
 
+def test_concurrency_slots_ignore_a_client_chosen_request_id(env):
+    """Many requests sharing one x-request-id still take one slot each, and one of them
+    finishing frees only its own slot."""
+    url = env["gw"].base_url + "/chat/completions"
+    h = {"authorization": f"Bearer {KEYS['conc']}", "x-request-id": "same-id-for-all"}
+    long = body("slow stream", model="slow-sim", stream=True, max_tokens=200)
+    with httpx.Client(timeout=20, limits=httpx.Limits(max_connections=20)) as hc:
+        opened = []
+        try:
+            for _ in range(12):
+                s = hc.stream("POST", url, json=long, headers=h)
+                r = s.__enter__()
+                opened.append((s, r, r.iter_lines()))  # kept: a dropped iterator closes its stream
+                if r.status_code == 200:
+                    next(opened[-1][2])  # flowing: its slot is held
+            codes = [r.status_code for _, r, _ in opened]
+            assert codes.count(200) == 2 and codes.count(429) == 10, codes
+            # one of the two admitted streams ends: exactly one slot comes back
+            first = next(i for i, (_, r, _) in enumerate(opened) if r.status_code == 200)
+            opened.pop(first)[0].__exit__(None, None, None)
+            deadline = time.time() + 5
+            again = None
+            while time.time() < deadline:
+                s = hc.stream("POST", url, json=long, headers=h)
+                again = s.__enter__()
+                opened.append((s, again, again.iter_lines()))
+                if again.status_code == 200:
+                    next(opened[-1][2])
+                    break
+                time.sleep(0.1)
+            assert again is not None and again.status_code == 200
+            third = hc.post(url, json=body(model="slow-sim", max_tokens=1), headers=h)
+            assert third.status_code == 429 and third.json()["error"]["code"] == "concurrency_limit_exceeded"
+        finally:
+            for s, _, _ in opened:
+                s.__exit__(None, None, None)
+
+
 # -- request limits ---------------------------------------------------------------------
 
 def test_max_tokens_cap(env):

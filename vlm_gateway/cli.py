@@ -12,7 +12,8 @@ import tempfile
 import orjson
 
 from . import __version__
-from .config import BackendConfig, ConfigError, load_config
+from .config import BackendConfig, ConfigError, load_config, validate
+from .config_values import http_url
 
 log = logging.getLogger("vlm_gateway")
 
@@ -22,7 +23,31 @@ def _setup_logging(level: str, fmt: str) -> None:
     setup_logging(level, fmt)
 
 
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+def _connection_limit(configured: int) -> int:
+    """Raise the descriptor limit for the connection cap (workers inherit it); the cap.
+    An explicit cap the limit cannot hold is a config error."""
+    from .proxy.connection_guard import connection_cap, fds_needed, raise_fd_limit
+    if configured:
+        need = fds_needed(configured)
+        have = raise_fd_limit(need)
+        if have < need:
+            raise ConfigError(f"server.max_connections: {configured} connections need about {need} file "
+                              f"descriptors per worker, the limit is {have} (ulimit -n); raise the limit, "
+                              "lower the cap, or set 0 for a cap derived from the limit")
+        return configured
+    return connection_cap(0, raise_fd_limit(1 << 17))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    # Checking the config imports the metrics module here; with several workers this process
+    # only supervises, and must not write Prometheus multi-process files of its own (a
+    # directory given in the environment is read when prometheus_client is imported): the
+    # directory goes back into the environment just before the workers are started.
+    multiproc_dir = os.environ.pop("PROMETHEUS_MULTIPROC_DIR", "")
     overrides: dict = {}
     server = {k: v for k, v in (("host", args.host), ("port", args.port), ("workers", args.workers),
                                 ("log_format", args.log_format)) if v is not None}
@@ -30,14 +55,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["server"] = server
     try:
         cfg = load_config(args.config, overrides=overrides)
+        for url in args.backend or ():
+            problem = http_url(url, cfg)
+            if problem:
+                raise ConfigError(f"--backend: {problem}")
+            cfg.backends.append(BackendConfig(url=url, engine="openai"))
+        if args.backend:
+            validate(cfg)  # names must stay unique with the added backends
     except ConfigError as e:
-        print(f"vlm-gateway: config error: {e}", file=sys.stderr)
+        print(f"vlm-gateway: config error: {_one_line(str(e))}", file=sys.stderr)
         return 2
-    for url in args.backend or ():
-        if not url.startswith(("http://", "https://")):
-            print(f"vlm-gateway: config error: --backend: must be an http(s) URL, got {url!r}", file=sys.stderr)
-            return 2
-        cfg.backends.append(BackendConfig(url=url, engine="openai"))
+    try:
+        cap = _connection_limit(cfg.server.max_connections)
+    except ConfigError as e:
+        print(f"vlm-gateway: config error: {_one_line(str(e))}", file=sys.stderr)
+        return 2
     _setup_logging(cfg.server.log_level, cfg.server.log_format)
     if not cfg.backends:
         from .backends.sim.embedded import start_in_thread
@@ -56,14 +88,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     cfg.server.host)
     import uvicorn
     os.environ["VLM_GATEWAY_CONFIG_JSON"] = orjson.dumps(cfg.to_dict()).decode()
-    if cfg.server.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="vlm-gateway-metrics-")
-    log.info("vlm-gateway %s listening on http://%s:%d (%d worker%s, %d backend%s)", __version__,
-             cfg.server.host, cfg.server.port, cfg.server.workers, "s" if cfg.server.workers > 1 else "",
-             len(cfg.backends), "s" if len(cfg.backends) > 1 else "")
+    if cfg.server.workers > 1:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = multiproc_dir or tempfile.mkdtemp(prefix="vlm-gateway-metrics-")
+    log.info("vlm-gateway %s listening on http://%s:%d (%d worker%s, %d backend%s, up to %d client connections "
+             "per worker)", __version__, cfg.server.host, cfg.server.port, cfg.server.workers,
+             "s" if cfg.server.workers > 1 else "", len(cfg.backends), "s" if len(cfg.backends) > 1 else "", cap)
+    # uvicorn's httptools protocol plus header/body deadlines and the connection cap
     uvicorn.run("vlm_gateway.proxy.app:create_app", factory=True, host=cfg.server.host, port=cfg.server.port,
                 workers=cfg.server.workers, log_level="warning", access_log=False, loop="uvloop",
-                http="httptools", timeout_graceful_shutdown=5)
+                http="vlm_gateway.proxy.connection_guard:GuardedHttpToolsProtocol", ws="none",
+                timeout_graceful_shutdown=5,
+                timeout_keep_alive=cfg.server.keep_alive_timeout_s)
     return 0
 
 

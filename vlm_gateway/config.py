@@ -28,6 +28,12 @@ class ConfigError(ValueError):
     """A configuration value is missing, unknown or of the wrong type."""
 
 
+# Keys that were replaced: a config that still sets one is told where it went.
+REPLACED = {
+    "cache.redis_prefix": "redis_prefix (one prefix for every Redis key: rate limits, L1 images, L3 answers)",
+}
+
+
 @dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -37,10 +43,39 @@ class ServerConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     # SSE comment keepalives while waiting for the first upstream byte.
     keepalive_interval_s: float = 5.0
-    log_level: str = "info"
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     log_format: Literal["text", "json"] = "text"
     # Serve the playground/status page at /ui.
     ui: bool = True
+    # Host names the gateway answers to (the Host header, port ignored); others get 400.
+    # Always accepted: localhost, IP addresses and this machine's host name. Add the names
+    # clients and load balancers use (gw.example.com, *.example.com); "*" accepts any name
+    # and switches the DNS-rebinding guard off.
+    allowed_hosts: list[str] = field(default_factory=list)
+    # Browser origins allowed to call the API cross-origin (https://app.example.com, "*"),
+    # with CORS headers. Same-origin requests (the /ui playground) are always allowed;
+    # any other Origin gets 403.
+    allowed_origins: list[str] = field(default_factory=list)
+    # Longest wait for a request's line and headers (from connect, or from the first byte of
+    # a keep-alive request); slower clients get 408 and are disconnected.
+    header_timeout_s: float = 15.0
+    # Request line plus headers larger than this get 431.
+    max_header_bytes: int = 65536
+    # A request body may pause at most this long, and its whole transfer may take this long
+    # plus one second per body_min_bytes_per_s bytes received; slower bodies get 408.
+    body_timeout_s: float = 20.0
+    body_min_bytes_per_s: int = 8192
+    # Open client connections per worker; 0 = half the file-descriptor limit (the soft limit
+    # is raised to the hard one at start). When full, the connection that has gone longest
+    # without sending a complete request is closed to make room; a small reserve beyond the
+    # cap answers only /health, /ready and /metrics.
+    max_connections: int = 0
+    # A client that takes no response bytes for this long while the gateway has some to send
+    # (a stream it stopped reading) is disconnected; its upstream request is cancelled.
+    send_timeout_s: float = 60.0
+    # An idle keep-alive connection is closed after this long. Behind a load balancer that
+    # reuses connections, make it longer than the balancer's own idle timeout.
+    keep_alive_timeout_s: float = 5.0
 
 
 @dataclass
@@ -52,6 +87,10 @@ class UpstreamConfig:
     total_timeout_s: float = 900.0
     # Keep-alive connections per backend.
     max_connections: int = 1024
+    # Largest non-streamed answer read from a backend; a bigger one is a 502.
+    max_response_bytes: int = 64 * 1024 * 1024
+    # Largest single SSE event from a backend; a stream with a bigger one ends in an error event.
+    max_sse_event_bytes: int = 1024 * 1024
 
 
 @dataclass
@@ -173,7 +212,6 @@ class CacheConfig:
     client_control: bool = True
     # After a Redis failure, skip Redis (count as miss) for this long.
     redis_retry_s: float = 1.0
-    redis_prefix: str = "vlmgw:l3:"
     # Semantic entries kept per replica, all partitions together (oldest evicted).
     semantic_max_entries: int = 100_000
     # Partitions above this many entries switch from exact flat search to HNSW.
@@ -262,6 +300,9 @@ class GatewayConfig:
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Shared state for several replicas (caches, rate limits); empty = in-process only.
     redis_url: str = ""
+    # Every Redis key starts with this and a colon (rate limits, L1 images, L3 answers);
+    # deployments sharing one Redis need different prefixes. Letters, digits, _ . - only.
+    redis_prefix: str = "vlmgw"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -327,7 +368,8 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if k not in names:
-            raise ConfigError(f"{key}: unknown key")
+            hint = f"; replaced by {REPLACED[key]}" if key in REPLACED else ""
+            raise ConfigError(f"{key}: unknown key{hint}")
         kwargs[k] = _convert(hints[k], v, key)
     return cls(**kwargs)
 
@@ -377,30 +419,10 @@ def load_config(path: str | None = None, environ: typing.Mapping[str, str] | Non
 
 
 def validate(cfg: GatewayConfig) -> None:
-    """Checks that go beyond types."""
-    if not 0 < cfg.server.port < 65536:
-        raise ConfigError(f"server.port: must be 1-65535, got {cfg.server.port}")
-    if cfg.server.workers < 1:
-        raise ConfigError("server.workers: must be >= 1")
-    for i, b in enumerate(cfg.backends):
-        if not b.url.startswith(("http://", "https://")):
-            raise ConfigError(f"backends[{i}].url: must be an http(s) URL, got {b.url!r}")
-    if cfg.images.grid_factor < 1 or cfg.images.max_long_side < cfg.images.grid_factor:
-        raise ConfigError("images.max_long_side: must be >= images.grid_factor")
-    if cfg.cache.semantic_threshold < 0.95 or cfg.cache.semantic_threshold > 1.0:
-        raise ConfigError("cache.semantic_threshold: must be within [0.95, 1.0]")
-    names: set[str] = set()
-    for i, t in enumerate(cfg.auth.tenants):
-        if not _is_sha256(t.key_sha256):
-            raise ConfigError(f"auth.tenants[{i}].key_sha256: must be a 64-char sha256 hex digest "
-                              "(vlm-gateway hash-key KEY)")
-        if not t.name:
-            raise ConfigError(f"auth.tenants[{i}].name: required")
-        if t.name in names:
-            raise ConfigError(f"auth.tenants[{i}].name: duplicate tenant name {t.name!r}")
-        names.add(t.name)
-    if cfg.auth.admin_key_sha256 and not _is_sha256(cfg.auth.admin_key_sha256):
-        raise ConfigError("auth.admin_key_sha256: must be a 64-char sha256 hex digest (vlm-gateway hash-key KEY)")
+    """Checks that go beyond types: ranges, names that must exist, URLs, hosts, paths and
+    keys that depend on each other (``config_values.py``)."""
+    from .config_values import check
+    check(cfg)
     _validate_model_coordinates(cfg.images)
 
 

@@ -37,6 +37,8 @@ class Backend:
     session: aiohttp.ClientSession | None = None
     # where the engine's load is read: candidate endpoints and formats (scrape.py)
     scrape_state: ScrapeState = field(default_factory=ScrapeState)
+    # The simulator's timing profile, read from its /sim/config (engine "sim" only).
+    sim_profile: str = ""
 
     @classmethod
     def from_config(cls, cfg: BackendConfig, index: int, profile: dict[str, Any] | None = None) -> "Backend":

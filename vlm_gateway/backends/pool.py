@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,22 @@ if TYPE_CHECKING:
 log = logging.getLogger("vlm_gateway.pool")
 
 STATES = ("closed", "open", "half_open", "down")
+
+
+# A probe reads at most this much of an answer: a model list or a config, never a flood.
+PROBE_MAX_BYTES = 1 << 20
+
+
+async def _read_small(r: aiohttp.ClientResponse) -> bytes:
+    data = await r.content.read(PROBE_MAX_BYTES + 1)
+    while len(data) <= PROBE_MAX_BYTES and not r.content.at_eof():
+        more = await r.content.read(PROBE_MAX_BYTES + 1 - len(data))
+        if not more:
+            break
+        data += more
+    if len(data) > PROBE_MAX_BYTES:
+        raise aiohttp.ClientPayloadError(f"answer larger than {PROBE_MAX_BYTES} bytes")
+    return data
 
 
 class Pool:
@@ -114,23 +131,41 @@ class Pool:
         metrics.BACKEND_LOAD.labels(b.name).set(load(b))
 
     async def probe(self, b: Backend) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(1.0, self.cfg.routing.health_interval_s))
-        ok = False
+        limit = max(1.0, self.cfg.routing.health_interval_s)
+        timeout = aiohttp.ClientTimeout(total=limit)
+        why = ""
         try:
-            async with b.session.get(f"{b.origin}/health", timeout=timeout) as r:
-                ok = r.status == 200
-            if ok and not b.models_configured:
-                async with b.session.get(f"{b.base_url}/models", timeout=timeout) as r:
+            # a redirect is not a healthy answer, and is never followed (nor for requests: relay.py)
+            async with b.session.get(f"{b.origin}/health", timeout=timeout, allow_redirects=False) as r:
+                if r.status != 200:
+                    why = f"GET /health answered HTTP {r.status}"
+            if not why and not b.models_configured:
+                async with b.session.get(f"{b.base_url}/models", timeout=timeout, allow_redirects=False) as r:
                     if r.status == 200:
-                        data = orjson.loads(await r.read())
+                        data = orjson.loads(await _read_small(r))
                         models = {m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m}
                         if models != b.models:
                             b.models = models
                             self._refresh_known_models()
-        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError, OSError):
-            ok = False
+            if not why and b.engine == "sim" and not b.sim_profile:
+                async with b.session.get(f"{b.origin}/sim/config", timeout=timeout, allow_redirects=False) as r:
+                    if r.status == 200:
+                        b.sim_profile = str(orjson.loads(await _read_small(r)).get("profile") or "")
+        except asyncio.TimeoutError:
+            why = f"no answer within {limit:g}s"
+        except aiohttp.ClientConnectorError as e:
+            code = getattr(e.os_error, "errno", None)
+            why = f"cannot connect: {os.strerror(code) if code and code > 0 else str(e)[:160]}"
+        except (aiohttp.ClientError, OSError) as e:
+            why = f"{type(e).__name__}: {str(e)[:120]}" if str(e) else type(e).__name__
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            why = "GET /v1/models answered something that is not a model list"
+        ok = not why
         if ok != b.healthy:
-            log.warning("backend %s is %s", b.name, "healthy again" if ok else "unhealthy (probe failed)")
+            if ok:
+                log.warning("backend %s is healthy again", b.name)
+            else:
+                log.warning("backend %s is unhealthy: probe failed (%s)", b.name, why)
         b.healthy = ok
         if ok and b.ejected_until and b.consecutive_failures >= self.cfg.routing.eject_after_failures:
             # the probe succeeded: let the next request through (half-open)

@@ -76,13 +76,17 @@ def scope_of(t: TenantConfig) -> str:
 
 
 def check_admin(gw: "Gateway", headers) -> None:
-    """Admin endpoints: 401 without a key, 403 with a wrong one or when no admin key is configured."""
+    """Admin endpoints: 403 when no admin key is configured (there is none to send), else
+    401 without a key and 403 with another key."""
     digest = gw.cfg.auth.admin_key_sha256
+    if not digest:
+        raise Forbidden("The admin endpoints are off: no admin key is configured (auth.admin_key_sha256)",
+                        code="admin_disabled", reason="admin_disabled")
     key = bearer(headers)
     if key is None:
         raise Unauthorized("Missing admin key: send it as 'Authorization: Bearer <key>'",
                            code="missing_api_key", reason="missing_api_key")
-    if not digest or not hmac.compare_digest(bytes.fromhex(digest.lower()),
+    if not hmac.compare_digest(bytes.fromhex(digest.lower()),
                                              hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()):
         raise Forbidden("This key may not use admin endpoints", code="admin_key_required",
                         reason="admin_key_required")

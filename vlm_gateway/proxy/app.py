@@ -10,14 +10,15 @@ import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from .. import metrics
+from .. import __version__, metrics
 from ..config import GatewayConfig, config_from_json
-from .asgi import AccessLogMiddleware, RequestIdMiddleware
+from .asgi import AccessLogMiddleware, BrowserGuardMiddleware, RequestIdMiddleware
+from .connection_guard import STATE_KEY as GUARD_STATE_KEY, make_guard
 from .endpoints import CompletionEndpoint
-from .errors import GatewayError, NotFound, error_bytes
+from .errors import GatewayError, NotFound, Unavailable, error_bytes
 from .extra_routes import routes as extra_routes
 from .gateway import Gateway
 from .request import parse_chat, parse_completion
@@ -48,6 +49,23 @@ async def models(request: Request) -> Response:
     return _json({"object": "list", "data": data})
 
 
+def ui_served(cfg: GatewayConfig) -> bool:
+    """/ui is on and not disabled for want of an admin key (see proxy/ui.py)."""
+    return cfg.server.ui and not (cfg.auth.tenants and not cfg.auth.admin_key_sha256)
+
+
+async def index(request: Request) -> Response:
+    """``GET /``: a browser goes to the playground; anything else gets the map of the API."""
+    cfg: GatewayConfig = request.app.state.config
+    if ui_served(cfg) and "text/html" in request.headers.get("accept", ""):
+        return RedirectResponse("/ui/", status_code=307)
+    links = {"openai_base_url": "/v1", "models": "/v1/models", "chat": "/v1/chat/completions",
+             "health": "/health", "ready": "/ready", "metrics": "/metrics", "openapi": "/openapi.json"}
+    if ui_served(cfg):
+        links["ui"] = "/ui/"
+    return _json({"service": "vlm-gateway", "version": __version__, **links})
+
+
 async def health(request: Request) -> Response:
     return _json({"status": "ok"})
 
@@ -57,7 +75,7 @@ async def ready(request: Request) -> Response:
     healthy = [b.name for b in gw.pool.backends if b.available]
     if healthy:
         return _json({"status": "ready", "healthy_backends": len(healthy)})
-    return Response(error_bytes(503, "No healthy backend", "service_unavailable", "no_healthy_backend"),
+    return Response(error_bytes(503, "No healthy backend", Unavailable.type, "no_healthy_backend"),
                     status_code=503, media_type="application/json", headers={"retry-after": "1"})
 
 
@@ -77,6 +95,28 @@ async def method_not_allowed(request: Request, exc: Exception) -> Response:
                     status_code=405, media_type="application/json")
 
 
+# Exposed to browser pages allowed by server.allowed_origins.
+EXPOSED_HEADERS = ["x-request-id", "x-vlm-gateway-overhead-ms", "x-vlm-gateway-backend", "x-vlm-gateway-cache",
+                   "x-vlm-gateway-cache-similarity", "x-vlm-gateway-visual-tokens", "x-vlm-gateway-image-policy",
+                   "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
+                   "x-ratelimit-limit-images", "x-ratelimit-remaining-images", "x-ratelimit-reset-images",
+                   "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens",
+                   "retry-after"]
+
+
+def middleware(cfg: GatewayConfig) -> list[Middleware]:
+    """Outermost first: request id, access log, Host/Origin guard, CORS (only with allowed origins)."""
+    s = cfg.server
+    stack = [Middleware(RequestIdMiddleware), Middleware(AccessLogMiddleware),
+             Middleware(BrowserGuardMiddleware, allowed_hosts=s.allowed_hosts, allowed_origins=s.allowed_origins,
+                        bind_host=s.host)]
+    if s.allowed_origins:
+        from starlette.middleware.cors import CORSMiddleware
+        stack.append(Middleware(CORSMiddleware, allow_origins=s.allowed_origins, allow_methods=["GET", "POST"],
+                                allow_headers=["*"], expose_headers=EXPOSED_HEADERS, max_age=600))
+    return stack
+
+
 def create_app(cfg: GatewayConfig | None = None) -> Starlette:
     """Build the ASGI app. ``cfg`` defaults to what the CLI passed to this worker."""
     if cfg is None:
@@ -87,17 +127,21 @@ def create_app(cfg: GatewayConfig | None = None) -> Starlette:
         from ..logs import setup_logging
         setup_logging(cfg.server.log_level, cfg.server.log_format)
 
+    guard = make_guard(cfg.server)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         gw = Gateway(cfg)
         app.state.gateway = gw
         await gw.start()
         try:
-            yield
+            # lifespan state reaches uvicorn's protocols: the connection guard's settings and table
+            yield {GUARD_STATE_KEY: guard}
         finally:
             await gw.close()
 
     routes = [
+        Route("/", index, methods=["GET"]),
         Route("/v1/chat/completions", CompletionEndpoint("chat", parse_chat, _gateway), methods=["POST"]),
         Route("/v1/completions", CompletionEndpoint("completions", parse_completion, _gateway), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
@@ -106,8 +150,7 @@ def create_app(cfg: GatewayConfig | None = None) -> Starlette:
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
     routes += extra_routes(cfg)  # ui, admin, openapi
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(RequestIdMiddleware), Middleware(AccessLogMiddleware)],
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware(cfg),
                     exception_handlers={404: not_found, 405: method_not_allowed})
     app.state.config = cfg
     return app

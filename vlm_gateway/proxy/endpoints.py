@@ -14,7 +14,8 @@ import orjson
 
 from .. import metrics
 from ..middleware import Reply, run_stages
-from .errors import GatewayError, PayloadTooLarge
+from .body import read_json_body
+from .errors import GatewayError
 from . import recent
 from .relay import Responder
 from .sse import fresh_ids, replay
@@ -24,32 +25,6 @@ if TYPE_CHECKING:
     from .request import ChatRequest
 
 log = logging.getLogger("vlm_gateway.proxy")
-
-
-async def read_body(scope, receive, limit: int) -> bytes:
-    for k, v in scope["headers"]:
-        if k == b"content-length":
-            try:
-                if int(v) > limit:
-                    raise PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes",
-                                          code="body_too_large", reason="body_too_large")
-            except ValueError:
-                pass
-            break
-    chunks = []
-    size = 0
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise asyncio.CancelledError
-        body = msg.get("body", b"")
-        size += len(body)
-        if size > limit:
-            raise PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes",
-                                  code="body_too_large", reason="body_too_large")
-        chunks.append(body)
-        if not msg.get("more_body"):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _until_disconnect(receive) -> None:
@@ -77,11 +52,22 @@ async def _finish(req: "ChatRequest") -> None:
         pass
 
 
-def error_headers(err: GatewayError, request_id: str | None) -> list[tuple[bytes, bytes]]:
+def error_headers(err: GatewayError, request_id: str | None,
+                  req: "ChatRequest | None" = None) -> list[tuple[bytes, bytes]]:
+    """An error of a completion route carries what a success would: the request id, the
+    gateway's overhead, the backend (``none`` when none was used) and the headers the
+    stages set before it failed (cache result, visual tokens, rate limits)."""
     h = [(b"content-type", b"application/json")]
     if request_id:
         h.append((b"x-request-id", request_id.encode()))
-    h += [(k.encode(), v.encode()) for k, v in err.headers.items()]
+    b = req.state.get("backend") if req is not None else None
+    h.append((b"x-vlm-gateway-backend", b.name.encode() if b is not None else b"none"))
+    if req is not None:
+        overhead = (time.perf_counter() - req.t_start - req.upstream_s) * 1000.0
+        h.append((b"x-vlm-gateway-overhead-ms", b"%.3f" % overhead))
+    merged = {k.lower(): v for k, v in (req.response_headers.items() if req is not None else ())}
+    merged.update({k.lower(): v for k, v in err.headers.items()})
+    h += [(k.encode(), v.encode()) for k, v in merged.items()]
     return h
 
 
@@ -104,7 +90,7 @@ class CompletionEndpoint:
         model = "unknown"
         status = 200
         try:
-            raw = await read_body(scope, receive, gw.cfg.server.max_body_bytes)
+            raw = await read_json_body(scope, receive, gw.cfg.server.max_body_bytes)
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             req = self.parse(raw, headers, rid)
             req.state["scope_state"] = state
@@ -130,7 +116,7 @@ class CompletionEndpoint:
                 await gw.relay._stream_error(out, e)  # counts the rejection itself
             else:
                 metrics.REJECTIONS.labels(str(e.status), e.reason).inc()
-                await out.start(e.status, error_headers(e, rid))
+                await out.start(e.status, error_headers(e, rid, req))
                 await out.end(e.json())
         except Exception:
             status = 500
@@ -138,7 +124,7 @@ class CompletionEndpoint:
             if not out.started:
                 err = GatewayError("The gateway hit an internal error; the request was not completed",
                                    code="internal_error")
-                await out.start(500, error_headers(err, rid))
+                await out.start(500, error_headers(err, rid, req))
                 await out.end(err.json())
         finally:
             if disconnect is not None:

@@ -12,7 +12,7 @@ import orjson
 
 class GatewayError(Exception):
     status = 500
-    type = "internal_error"
+    type = "server_error"
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
                  status: int | None = None, type: str | None = None,
@@ -67,19 +67,21 @@ class RateLimited(GatewayError):
     type = "rate_limit_error"
 
 
+# Every 5xx has OpenAI's type for server-side failures, "server_error"; the code says
+# which one (upstream_timeout, no_healthy_backend, upstream_malformed, ...).
 class BadGateway(GatewayError):
     status = 502
-    type = "upstream_error"
+    type = "server_error"
 
 
 class Unavailable(GatewayError):
     status = 503
-    type = "service_unavailable"
+    type = "server_error"
 
 
 class GatewayTimeout(GatewayError):
     status = 504
-    type = "timeout_error"
+    type = "server_error"
 
 
 def error_bytes(status: int, message: str, type: str, code: str | None = None,

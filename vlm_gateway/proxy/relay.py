@@ -5,6 +5,12 @@ connect error or a 5xx before the first byte is retried on the next-best backend
 (``routing.max_retries``). Streams are relayed chunk by chunk as they arrive,
 with SSE keepalive comments while the first byte is awaited; after the first
 byte nothing is retried and a failure becomes an in-stream error event.
+
+A backend is trusted with nothing it could use against the gateway: redirects are
+never followed (the prompt is never re-posted elsewhere; a 3xx is a failure and is
+retried elsewhere), a non-streamed body is read up to ``upstream.max_response_bytes``,
+a streamed event up to ``upstream.max_sse_event_bytes``, and an HTTP 200 carrying
+an error object is a 502 and counts as a failure of that backend.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import orjson
 
 from .. import metrics
 from .errors import BadGateway, GatewayError, GatewayTimeout, Unavailable
-from .sse import DONE, KEEPALIVE, StreamWatcher, event
+from .sse import DONE, KEEPALIVE, EventTooLarge, StreamWatcher, event
 
 if TYPE_CHECKING:
     from ..backends.backend import Backend
@@ -82,6 +88,29 @@ def _upstream_error(status: int, body: bytes) -> GatewayError:
                                reason="upstream_4xx")
 
 
+class ResponseTooLarge(Exception):
+    pass
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes:
+    """The whole body, or ``ResponseTooLarge`` as soon as it passes ``cap`` bytes
+    (at once when the declared length already does)."""
+    if resp.content_length is not None and resp.content_length > cap:
+        raise ResponseTooLarge
+    buf = bytearray()
+    async for chunk in resp.content.iter_any():
+        buf += chunk
+        if len(buf) > cap:
+            raise ResponseTooLarge
+    return bytes(buf)
+
+
+def _error_message(obj: dict) -> str:
+    err = obj.get("error")
+    msg = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else obj.get("message")
+    return str(msg or "no message")[:500]
+
+
 class Relay:
     def __init__(self, gw: "Gateway") -> None:
         self.gw = gw
@@ -90,6 +119,8 @@ class Relay:
         self.timeout = aiohttp.ClientTimeout(total=up.total_timeout_s, connect=up.connect_timeout_s,
                                              sock_read=up.read_timeout_s)
         self.keepalive = gw.cfg.server.keepalive_interval_s
+        self.max_response = up.max_response_bytes
+        self.max_event = up.max_sse_event_bytes
 
     # -- sending -----------------------------------------------------------------------
     async def open(self, req: "ChatRequest") -> tuple["Backend", aiohttp.ClientResponse]:
@@ -112,7 +143,8 @@ class Relay:
                     await hook(req, b)
                 data = req.encode()
                 t0 = time.perf_counter()
-                resp = await b.session.post(b.base_url + path, data=data, headers=headers, timeout=self.timeout)
+                resp = await b.session.post(b.base_url + path, data=data, headers=headers, timeout=self.timeout,
+                                            allow_redirects=False)
             except aiohttp.ConnectionTimeoutError:
                 last = self._failed(b, exclude, "connect_timeout", f"Backend {b.name} did not accept the connection in time")
                 continue
@@ -138,6 +170,12 @@ class Relay:
                     req.upstream_s += time.perf_counter() - t0
                 last = self._failed(b, exclude, "upstream_5xx", f"Backend {b.name} answered HTTP {resp.status}",
                                     status=resp.status)
+                continue
+            if 300 <= resp.status < 400:
+                resp.close()
+                last = self._failed(b, exclude, "upstream_redirect",
+                                    f"Backend {b.name} answered a redirect (HTTP {resp.status}); "
+                                    "redirects are not followed")
                 continue
             if resp.status >= 400:
                 try:
@@ -192,7 +230,12 @@ class Relay:
         b, resp = await self.open(req)
         t0 = time.perf_counter()
         try:
-            body = await resp.read()
+            body = await _read_capped(resp, self.max_response)
+        except ResponseTooLarge:
+            resp.close()
+            self._release(b, failed=True)
+            raise BadGateway(f"Backend {b.name} sent an answer larger than upstream.max_response_bytes "
+                             f"({self.max_response} bytes)", code="upstream_too_large") from None
         except asyncio.TimeoutError:
             self._release(b, failed=True)
             raise GatewayTimeout("The upstream engine did not answer in time", code="upstream_timeout") from None
@@ -213,6 +256,13 @@ class Relay:
         except ValueError:
             self._release(b, failed=True)
             raise BadGateway(f"Backend {b.name} returned a malformed response", code="upstream_malformed") from None
+        if completion.get("error") not in (None, "", {}) or completion.get("object") == "error":
+            self._release(b, failed=True)
+            raise BadGateway(f"Backend {b.name} answered HTTP 200 with an error: {_error_message(completion)}",
+                             code="upstream_error_body")
+        if not isinstance(completion.get("choices"), list):
+            self._release(b, failed=True)
+            raise BadGateway(f"Backend {b.name} returned an answer without choices", code="upstream_malformed")
         if req.response_transform is not None and req.response_transform.completion(completion):
             body = orjson.dumps(completion)
         self._done(req, b, t_sent, completion.get("usage"))
@@ -237,7 +287,8 @@ class Relay:
         b, resp = opening.result()
         if not out.started:
             await out.start(200, self.gw.response_headers(req, b"text/event-stream"))
-        watcher = StreamWatcher(assemble=bool(req.on_complete))
+        watcher = StreamWatcher(assemble=bool(req.on_complete), max_event_bytes=self.max_event,
+                                max_assembled_bytes=self.max_response)
         tf = req.response_transform.stream() if req.response_transform is not None else None
         it = resp.content.iter_any().__aiter__()
         ok = False
@@ -262,16 +313,22 @@ class Relay:
             while chunk:
                 if tf is not None:
                     chunk = tf.feed(chunk)
-                watcher.feed(chunk)
-                await out.body(chunk)
+                events = watcher.feed(chunk)  # whole events only: never half of one
+                if events:
+                    await out.body(events)
                 try:
                     chunk = await it.__anext__()
                 except StopAsyncIteration:
                     break
             if tf is not None and (chunk := tf.close()):
-                watcher.feed(chunk)
-                await out.body(chunk)
+                events = watcher.feed(chunk)
+                if events:
+                    await out.body(events)
+            tail = watcher.finish()
+            if tail:  # an unterminated last event (e.g. "data: [DONE]" without its blank line)
+                await out.body(tail + b"\n\n")
             ok = watcher.done and watcher.error is None
+            failed = watcher.error is not None  # the engine reported a failure in-stream
             if not watcher.done:
                 raise BadGateway(f"Backend {b.name} ended the stream early", code="upstream_disconnected")
         except asyncio.TimeoutError:
@@ -282,6 +339,13 @@ class Relay:
             failed = True
             await self._stream_error(out, BadGateway(f"Backend {b.name} broke off the stream",
                                                      code="upstream_disconnected"))
+        except EventTooLarge as e:
+            failed = True
+            if e.events:  # whole events that arrived before the oversized one
+                await out.body(e.events)
+            await self._stream_error(out, BadGateway(
+                f"Backend {b.name} sent an event larger than upstream.max_sse_event_bytes ({self.max_event} bytes)"
+                f" (at least {e.size} bytes)", code="upstream_event_too_large"))
         except BadGateway as e:
             failed = True
             await self._stream_error(out, e)

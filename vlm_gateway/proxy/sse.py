@@ -1,8 +1,10 @@
-"""Server-sent events: watch a relayed stream cheaply, assemble it into one
-completion (for the response cache), and replay a stored completion as chunks."""
+"""Server-sent events: watch a relayed stream cheaply and event by event (bounded
+event size, linear buffering), assemble it into one completion (for the response
+cache), and replay a stored completion as chunks."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any, Iterator
@@ -17,31 +19,95 @@ def event(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
+class EventTooLarge(Exception):
+    """An upstream SSE event grew past the cap without ending; ``events`` are the
+    complete events that came before it in the same read (still to be forwarded)."""
+
+    def __init__(self, size: int, events: bytes = b"") -> None:
+        super().__init__(size)
+        self.size = size
+        self.events = events
+
+
+# The end of an event: an empty line, whichever of the SSE line endings is used.
+_BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r|\n\r\n|\r\n\n")
+
+
 class StreamWatcher:
-    """Follows SSE bytes as they are relayed. Always notes ``[DONE]`` (cheap);
-    parses events into a completion only when ``assemble`` is set, and otherwise
-    only the usage chunk."""
+    """Follows SSE bytes as they are relayed, event by event.
 
-    __slots__ = ("assemble", "buf", "done", "usage", "chunks", "error")
+    ``feed`` keeps the unfinished event and returns the complete events, which the
+    relay forwards at once: the client never receives half an event, an event
+    longer than ``max_event_bytes`` ends the stream (``EventTooLarge``) before any of
+    it was forwarded, and each byte is searched for an event boundary once (a long
+    event costs linear time, never a re-split of everything held on each chunk).
 
-    def __init__(self, assemble: bool) -> None:
+    Always notes ``[DONE]`` and error events (cheap); parses events into a completion
+    only when ``assemble`` is set (up to ``max_assembled_bytes`` of payload: a longer
+    answer is relayed but not assembled), and otherwise only the usage chunk."""
+
+    __slots__ = ("assemble", "buf", "done", "usage", "chunks", "error", "max_event", "max_assembled",
+                 "assembled", "overflow")
+
+    def __init__(self, assemble: bool, max_event_bytes: int = 1 << 20, max_assembled_bytes: int = 64 << 20) -> None:
         self.assemble = assemble
-        self.buf = b""
+        self.buf = bytearray()
         self.done = False
         self.usage: dict | None = None
         self.chunks: list[dict] = []
         self.error: dict | None = None
+        self.max_event = max_event_bytes
+        self.max_assembled = max_assembled_bytes
+        self.assembled = 0
+        self.overflow = False
 
-    def feed(self, data: bytes) -> None:
-        buf = self.buf + data if self.buf else data
-        if not self.assemble and b'"usage":{' not in buf and b'"error"' not in buf:
-            # fast path: keep only what could hold a split "[DONE]"
-            if b"data: [DONE]" in buf:
-                self.done = True
-            self.buf = buf[-64:]
+    def feed(self, data: bytes) -> bytes:
+        """The complete events now available (to forward), in order; b"" if none."""
+        buf = self.buf
+        if not buf and data.endswith(b"\n\n") and len(data) <= self.max_event:
+            self._scan(data)  # the usual case: whole, small events in one read
+            return data
+        start = max(0, len(buf) - 3)  # a boundary may straddle the previous read
+        buf += data
+        end = 0
+        for m in _BOUNDARY.finditer(buf, start):
+            if m.end() - end > self.max_event:
+                raise EventTooLarge(m.end() - end, self._take(end))
+            end = m.end()
+        if end == 0:
+            if len(buf) > self.max_event:
+                raise EventTooLarge(len(buf))
+            return b""
+        out = self._take(end)
+        if len(buf) > self.max_event:
+            raise EventTooLarge(len(buf), out)
+        return out
+
+    def _take(self, end: int) -> bytes:
+        """The first ``end`` bytes held (whole events), read and removed."""
+        out = bytes(self.buf[:end])
+        del self.buf[:end]
+        if out:
+            self._scan(out)
+        return out
+
+    def finish(self) -> bytes:
+        """At the end of the stream: the unfinished last event (forwarded and read as is)."""
+        out = bytes(self.buf)
+        self.buf.clear()
+        if out:
+            self._scan(out)
+        return out
+
+    def _scan(self, events: bytes) -> None:
+        if not self.assemble and b'"usage":{' not in events and b'"error"' not in events:
+            if b"[DONE]" in events:  # fast path: nothing to parse but the end marker
+                self._parse(events)
             return
-        *events, self.buf = buf.replace(b"\r\n", b"\n").split(b"\n\n")
-        for ev in events:
+        self._parse(events)
+
+    def _parse(self, events: bytes) -> None:
+        for ev in events.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n"):
             for line in ev.split(b"\n"):
                 if not line.startswith(b"data:"):
                     continue
@@ -57,16 +123,22 @@ class StreamWatcher:
                     continue
                 if not isinstance(obj, dict):
                     continue
-                if "error" in obj:
-                    self.error = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
+                err = obj.get("error")
+                if err not in (None, "", {}) or obj.get("object") == "error":
+                    self.error = err if isinstance(err, dict) and err else {"message": str(err or obj.get("message"))}
                 if isinstance(obj.get("usage"), dict):
                     self.usage = obj["usage"]
                 if self.assemble:
-                    self.chunks.append(obj)
+                    self.assembled += len(payload)
+                    if self.assembled > self.max_assembled:
+                        self.assemble, self.overflow = False, True
+                        self.chunks.clear()
+                    else:
+                        self.chunks.append(obj)
 
     def completion(self) -> dict | None:
-        """The stream as one ``chat.completion`` (None if incomplete or errored)."""
-        if not self.done or self.error or not self.chunks:
+        """The stream as one ``chat.completion`` (None if incomplete, errored or too long)."""
+        if not self.done or self.error or not self.chunks or self.overflow:
             return None
         return assemble(self.chunks)
 

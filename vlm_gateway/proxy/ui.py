@@ -37,7 +37,8 @@ from .. import metrics
 from ..config import GatewayConfig
 from ..vision_tokens import visual_tokens
 from . import recent
-from .errors import BadRequest, GatewayError, NotFound, PayloadTooLarge, Unauthorized
+from .body import read_json_body
+from .errors import BadRequest, GatewayError, NotFound, Unauthorized
 from .request import ChatRequest, ImagePart
 
 if TYPE_CHECKING:
@@ -168,14 +169,13 @@ async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: 
 def routes_rewrite(cfg: GatewayConfig):
     async def rewrite(request: Request) -> Response:
         gw = _gateway(request)
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > cfg.server.max_body_bytes:
-            raise PayloadTooLarge(f"Request body is larger than the limit of {cfg.server.max_body_bytes} bytes",
-                                  code="body_too_large")
-        raw = await request.body()
-        if len(raw) > cfg.server.max_body_bytes:
-            raise PayloadTooLarge(f"Request body is larger than the limit of {cfg.server.max_body_bytes} bytes",
-                                  code="body_too_large")
+        # the chat route's streaming limit: never more than max_body_bytes in memory
+        try:
+            raw = await read_json_body(request.scope, request.receive, cfg.server.max_body_bytes)
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise
+            return Response(status_code=400)  # the client went away mid-body: nobody reads this
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -249,7 +249,8 @@ def _backend_view(b) -> dict[str, Any]:
     cap = b.capacity
     return {
         "name": b.name, "engine": b.engine, "url": b.base_url, "models": sorted(b.models),
-        "profile": b.profile.get("name") or "", "gpu": b.profile.get("gpu") or "",
+        "profile": b.profile.get("name") or (f"simulator: {b.sim_profile}" if b.sim_profile else ""),
+        "gpu": b.profile.get("gpu") or "",
         "healthy": b.healthy, "available": b.available,
         "state": ("down" if not b.healthy else "ejected" if now < b.ejected_until
                   else "drained" if getattr(b, "drained", False) else "ok"),

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from ... import metrics
+from ... import metrics, redis_keys
 from .. import Reply
 from .keys import CacheKeys, build_keys
 from .policy import decide, storable
@@ -35,12 +35,14 @@ class ResponseCache:
     def __init__(self, gw: "Gateway") -> None:
         cfg = gw.cfg.cache
         self.cfg = cfg
-        remote = RedisStore(gw.cfg.redis_url, cfg.redis_timeout_s, cfg.redis_retry_s, cfg.redis_prefix) \
+        remote = RedisStore(gw.cfg.redis_url, cfg.redis_timeout_s, cfg.redis_retry_s,
+                            redis_keys.namespace(gw.cfg.redis_prefix, redis_keys.L3_ANSWERS)) \
             if gw.cfg.redis_url else None
         self.store = TieredStore(LocalStore(cfg.max_bytes), remote, cfg.ttl_s, cfg.max_entry_bytes)
         self.semantic = None  # SemanticCache once the model is loaded (start)
         self._tasks: set[asyncio.Task] = set()
         self.redis_url = gw.cfg.redis_url
+        self.redis_prefix = gw.cfg.redis_prefix
 
     async def start(self) -> None:
         if not self.cfg.semantic:
@@ -57,7 +59,7 @@ class ResponseCache:
         sem = SemanticCache(emb, c.semantic_threshold, c.semantic_max_entries_per_partition,
                             c.semantic_max_entries, c.semantic_hnsw_above, c.semantic_max_queue, c.semantic_guard)
         if self.redis_url:
-            await sem.attach_redis(self.redis_url, c.redis_prefix + "semantic")
+            await sem.attach_redis(self.redis_url, redis_keys.key(self.redis_prefix, redis_keys.L3_SEMANTIC))
         self.semantic = sem
         log.info("L3 semantic cache on (threshold %.3f, guard %s)", c.semantic_threshold,
                  "on" if c.semantic_guard else "off")

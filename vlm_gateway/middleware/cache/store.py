@@ -61,6 +61,7 @@ class LocalStore:
 
 class RedisStore:
     def __init__(self, url: str, timeout_s: float, retry_s: float = 1.0, prefix: str = "vlmgw:l3:") -> None:
+        """``prefix``: the L3 namespace (``redis_keys.namespace(redis_prefix, L3_ANSWERS)``)."""
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 

@@ -11,13 +11,11 @@ from collections import OrderedDict
 
 import orjson
 
-from ... import metrics
+from ... import metrics, redis_keys
 from .encode import data_uri
 from .rewrite import Rewritten
 
 log = logging.getLogger("vlm_gateway.images")
-
-_PREFIX = "vlmgw:img1:"
 
 
 def _size(r: Rewritten) -> int:
@@ -43,8 +41,10 @@ def unpack(blob: bytes) -> Rewritten:
 
 
 class L1Cache:
-    def __init__(self, max_bytes: int, redis_url: str = "", ttl_s: int = 3600, timeout_s: float = 0.05) -> None:
+    def __init__(self, max_bytes: int, redis_url: str = "", ttl_s: int = 3600, timeout_s: float = 0.05,
+                 redis_prefix: str = redis_keys.DEFAULT_PREFIX) -> None:
         self.max_bytes = max_bytes
+        self.prefix = redis_keys.namespace(redis_prefix, redis_keys.L1_IMAGES)
         self.ttl_s = ttl_s
         self.timeout_s = timeout_s
         self.bytes = 0
@@ -82,7 +82,7 @@ class L1Cache:
         r = self.get_local(key)
         if r is None and self._redis is not None:
             try:
-                blob = await self._redis.get(_PREFIX + key)
+                blob = await self._redis.get(self.prefix + key)
             except Exception as e:  # noqa: BLE001 - a miss, never an error
                 self._warn(e)
                 blob = None
@@ -101,7 +101,7 @@ class L1Cache:
         self.put_local(key, r)
         if self._redis is not None:
             try:
-                await self._redis.set(_PREFIX + key, pack(r), ex=self.ttl_s)
+                await self._redis.set(self.prefix + key, pack(r), ex=self.ttl_s)
             except Exception as e:  # noqa: BLE001
                 self._warn(e)
 
@@ -112,7 +112,7 @@ class L1Cache:
         self.bytes = 0
         if self._redis is not None:
             try:
-                keys = [k async for k in self._redis.scan_iter(_PREFIX + "*", count=1000)]
+                keys = [k async for k in self._redis.scan_iter(self.prefix + "*", count=1000)]
                 for i in range(0, len(keys), 1000):
                     n += await self._redis.delete(*keys[i:i + 1000])
             except Exception as e:  # noqa: BLE001 - the local tier is flushed regardless

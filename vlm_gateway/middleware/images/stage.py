@@ -58,7 +58,7 @@ class ImageRewriter:
         self.sources = media_sources(gw)
         self.pool = self.sources.pool
         self.fetcher = self.sources.fetcher
-        self.l1 = L1Cache(cfg.l1_max_bytes, gw.cfg.redis_url, cfg.l1_redis_ttl_s)
+        self.l1 = L1Cache(cfg.l1_max_bytes, gw.cfg.redis_url, cfg.l1_redis_ttl_s, redis_prefix=gw.cfg.redis_prefix)
         # content hash|policy of data: images verified within budget (pass through without a new decode)
         self.verified: OrderedDict[str, Rewritten] = OrderedDict()
 

@@ -9,7 +9,10 @@ Visual tokens are only known after the image stage: a request is admitted while
 the tenant's visual-token bucket is positive, and the tokens actually sent
 upstream are charged when the request finishes (cache hits cost nothing).
 ``concurrent_streams`` counts every in-flight request of the tenant, streaming or
-not; the slot is released in ``req.on_finish``, however the request ends.
+not; the slot is released in ``req.on_finish``, however the request ends. Each
+slot is held under a random token made here, never under anything the client
+sends (a client-chosen ``x-request-id`` shared by many requests would otherwise
+hold one slot for all of them, and the first to finish would free it).
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 from typing import TYPE_CHECKING
 
-from ... import metrics
+from ... import metrics, redis_keys
 from ...config import TenantConfig
 from ...proxy.errors import RateLimited
 from .buckets import AFTERWARDS, CHARGE, LEASE_S, Check, LocalStore, Outcome, RedisStore, RedisUnavailable, duration, reset_after
@@ -29,8 +33,6 @@ if TYPE_CHECKING:
     from ...proxy.request import ChatRequest
 
 log = logging.getLogger("vlm_gateway.ratelimit")
-
-PREFIX = "vlmgw:rl:"
 
 
 def _limited(t: TenantConfig) -> bool:
@@ -99,6 +101,7 @@ def make(gw: "Gateway"):
     if not any(_limited(t) for t in gw.cfg.auth.tenants):
         return None
     limiter = Limiter(gw)
+    prefix = redis_keys.namespace(gw.cfg.redis_prefix, redis_keys.RATE_LIMITS)
     gw.ratelimiter = limiter  # type: ignore[attr-defined]
     if limiter.redis is not None:
         gw.closers.append(limiter.redis.close)
@@ -107,7 +110,7 @@ def make(gw: "Gateway"):
         t: TenantConfig | None = req.state.get("tenant_cfg")
         if t is None or not _limited(t):
             return None
-        base = f"{PREFIX}{{{t.name}}}:"
+        base = f"{prefix}{{{t.name}}}:"
         checks: list[Check] = []
         kinds: list[str] = []
         if t.requests_per_minute:
@@ -137,15 +140,16 @@ def make(gw: "Gateway"):
                 raise _refuse(kind, c.capacity, res.wait_s, headers, what)
         if t.concurrent_streams:
             key = base + "conc"
-            store, n = await limiter.acquire(key, t.concurrent_streams, req.request_id)
+            token = secrets.token_hex(16)
+            store, n = await limiter.acquire(key, t.concurrent_streams, token)
             if store is None:
                 metrics.RATE_LIMITED.labels("concurrency").inc()
                 raise RateLimited(f"Too many concurrent requests for this API key (limit {t.concurrent_streams}); "
                                   "retry when one finishes", code="concurrency_limit_exceeded",
                                   headers={**headers, "retry-after": "1"}, reason="rate_limit_concurrency")
 
-            async def release(r: "ChatRequest", store=store, key=key) -> None:
-                await limiter.release(store, key, r.request_id)
+            async def release(r: "ChatRequest", store=store, key=key, token=token) -> None:
+                await limiter.release(store, key, token)
             req.on_finish.append(release)
         if t.visual_tokens_per_minute and n_images:
             async def charge(r: "ChatRequest", cap=t.visual_tokens_per_minute, key=base + "vtok") -> None:

@@ -1,12 +1,17 @@
 """Accept the client's ``x-request-id`` (if sane) or make one; expose it to the
-endpoints through ``scope["state"]`` and echo it on every response."""
+endpoints through ``scope["state"]``. Every response carries ``x-request-id`` and
+``x-vlm-gateway-overhead-ms``: the completion routes set the overhead themselves
+(time in the gateway, upstream excluded); for every other response it is the time
+from the request's arrival here to its first response byte."""
 
 from __future__ import annotations
 
 import re
+import time
 import uuid
 
 _SANE = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
+OVERHEAD = b"x-vlm-gateway-overhead-ms"
 
 
 class RequestIdMiddleware:
@@ -17,6 +22,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        t0 = time.perf_counter()
         rid = None
         for k, v in scope["headers"]:
             if k == b"x-request-id":
@@ -29,9 +35,13 @@ class RequestIdMiddleware:
 
         async def send_with_id(message) -> None:
             if message["type"] == "http.response.start":
-                headers = message.get("headers") or []
-                if not any(k == b"x-request-id" for k, _ in headers):
-                    message["headers"] = [*headers, (b"x-request-id", raw)]
+                headers = list(message.get("headers") or [])
+                names = {k.lower() for k, _ in headers}
+                if b"x-request-id" not in names:
+                    headers.append((b"x-request-id", raw))
+                if OVERHEAD not in names:
+                    headers.append((OVERHEAD, b"%.3f" % ((time.perf_counter() - t0) * 1000.0)))
+                message["headers"] = headers
             await send(message)
 
         await self.app(scope, receive, send_with_id)

@@ -1,0 +1,425 @@
+"""Value checks of the configuration model: the right type is not enough.
+
+``check(cfg)`` walks every key of a built ``GatewayConfig`` and raises
+``ConfigError("<key>: <what is wrong>")`` for the first bad value, so the CLI can
+print one line and exit 2 before it listens. The rules, in order:
+
+- every float is finite; every number is >= 0 unless ``RULES`` says more;
+- ``RULES[key]`` (``backends[].url`` stands for every list entry) checks ranges,
+  names that must exist (routing policy, GPU and simulator profiles), URLs, hosts,
+  CIDRs and paths;
+- ``_across`` checks what involves several keys (unique names, min <= max, per-model
+  image overrides, per-process rate limits with several workers and no Redis).
+
+Every string, list and map key of the model is either in ``RULES`` or in ``FREE``
+(any value of the right type is valid there); a test walks the model and keeps it so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import math
+import os
+import re
+import typing
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+if typing.TYPE_CHECKING:
+    from .config import GatewayConfig
+
+# (value, whole config) -> what is wrong, or None
+Rule = Callable[[Any, "GatewayConfig"], "str | None"]
+
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+# -- rule builders ------------------------------------------------------------------------
+
+def at_least(lo: float) -> Rule:
+    return lambda v, cfg: None if v >= lo else f"must be >= {lo:g}, got {v!r}"
+
+
+def above(lo: float) -> Rule:
+    return lambda v, cfg: None if v > lo else f"must be > {lo:g}, got {v!r}"
+
+
+def within(lo: float, hi: float) -> Rule:
+    return lambda v, cfg: None if lo <= v <= hi else f"must be within [{lo:g}, {hi:g}], got {v!r}"
+
+
+def each(rule: Rule) -> Rule:
+    """A rule for every item of a list value, naming the bad item."""
+    def check(values: list, cfg) -> str | None:
+        for i, v in enumerate(values):
+            problem = rule(v, cfg)
+            if problem:
+                return f"item {i} ({v!r}): {problem}"
+        return None
+    return check
+
+
+def is_hostname(name: str) -> bool:
+    name = name.rstrip(".")
+    return bool(name) and len(name) <= 253 and all(_HOST_LABEL.match(p) for p in name.split("."))
+
+
+def is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+        return True
+    except ValueError:
+        return False
+
+
+def host(v: str, cfg) -> str | None:
+    if is_ip(v) or is_hostname(v):
+        return None
+    return f"expected an IP address or a host name (no scheme, no port), got {v!r}"
+
+
+def http_url(v: str, cfg, optional: bool = False) -> str | None:
+    if optional and v == "":
+        return None
+    try:
+        p = urlsplit(v)
+        port = p.port  # raises on a bad port
+    except ValueError as e:
+        return f"not a valid URL ({e}): {v!r}"
+    if p.scheme not in ("http", "https") or not p.hostname:
+        return f"expected an http(s) URL such as http://gpu1:8000/v1, got {v!r}"
+    if p.username or p.password:
+        return "must not hold credentials (the backend's key goes in api_key)"
+    if p.query or p.fragment:
+        return f"must not have a query or fragment, got {v!r}"
+    if host(p.hostname, cfg) or (port is not None and not 0 < port < 65536):
+        return f"bad host or port in {v!r}"
+    return None
+
+
+def redis_url(v: str, cfg) -> str | None:
+    if v == "":
+        return None
+    try:
+        p = urlsplit(v)
+        port = p.port
+    except ValueError as e:
+        return f"not a valid URL ({e}): {v!r}"
+    if p.scheme in ("redis", "rediss"):
+        if not p.hostname or host(p.hostname, cfg):
+            return f"no valid host in {v!r}"
+        if port is not None and not 0 < port < 65536:
+            return f"bad port in {v!r}"
+        db = p.path.lstrip("/")
+        if db and not db.isdigit():
+            return f"the path must be a database number (redis://host:6379/0), got {v!r}"
+        return None
+    if p.scheme == "unix":
+        return None if p.path else f"expected unix:///path/to/redis.sock, got {v!r}"
+    return f"expected redis://host:port/db, rediss://... or unix:///path, got {v!r}"
+
+
+def header_safe(v: str, cfg) -> str | None:
+    if _CONTROL.search(v):
+        return "must not contain control characters (it is sent in an HTTP header)"
+    try:
+        v.encode("latin-1")
+    except UnicodeEncodeError:
+        return "must be Latin-1 text (it is sent in an HTTP header)"
+    return None
+
+
+def backend_name(v: str, cfg) -> str | None:
+    if v == "":
+        return None
+    if len(v) > 64:
+        return "at most 64 characters"
+    return header_safe(v, cfg) or (None if v.strip() == v else "no leading or trailing spaces")
+
+
+def tenant_name(v: str, cfg) -> str | None:
+    if not v:
+        return "required"
+    if _CONTROL.search(v) or "{" in v or "}" in v:
+        return "no control characters or braces (it is part of Redis keys)"
+    return None
+
+
+def sha256_hex(v: str, cfg, optional: bool = False) -> str | None:
+    if optional and v == "":
+        return None
+    if len(v) == 64 and all(c in "0123456789abcdefABCDEF" for c in v):
+        return None
+    return "must be a 64-char sha256 hex digest (vlm-gateway hash-key KEY)"
+
+
+def non_empty_names(values: list, cfg) -> str | None:
+    return each(lambda v, c: None if v.strip() else "must not be empty")(values, cfg)
+
+
+def cidr(v: str, cfg) -> str | None:
+    try:
+        ipaddress.ip_network(v, strict=False)
+        return None
+    except ValueError:
+        return "expected an address or network such as 10.0.0.0/8 or fd00::/8"
+
+
+def domain(v: str, cfg) -> str | None:
+    bare = v[2:] if v.startswith("*.") else v.lstrip(".")
+    return None if is_hostname(bare) else "expected a domain such as example.com or *.example.com (no scheme, no path)"
+
+
+def allowed_host(v: str, cfg) -> str | None:
+    if v == "*":
+        return None
+    bare = v[2:] if v.startswith("*.") else v
+    return None if (is_ip(bare) or is_hostname(bare)) else \
+        "expected a host name, *.domain or * (no scheme, no port)"
+
+
+def allowed_origin(v: str, cfg) -> str | None:
+    if v == "*":
+        return None
+    try:
+        p = urlsplit(v)
+        p.port
+    except ValueError:
+        return "not a valid origin"
+    if p.scheme not in ("http", "https") or not p.hostname or p.path not in ("",) or p.query or p.fragment:
+        return "expected scheme://host[:port] such as https://app.example.com, or *"
+    return None
+
+
+def routing_policy(v: str, cfg) -> str | None:
+    from .backends.router import policy_names
+    names = policy_names()
+    return None if v in names else f"expected one of {', '.join(names)}, got {v!r}"
+
+
+def gpu_profile(v: str, cfg) -> str | None:
+    if v == "":
+        return None
+    from .backends.profiles import load_profiles
+    names = sorted(load_profiles(cfg.profiles))
+    return None if v in names else f"unknown GPU profile {v!r}; known: {', '.join(names)} (or add it under profiles)"
+
+
+def sim_profile(v: str, cfg) -> str | None:
+    from .backends.sim.profiles import profile_names
+    names = profile_names()
+    return None if v in names else f"unknown simulator profile {v!r}; known: {', '.join(names)}"
+
+
+def gpu_profiles(v: dict, cfg) -> str | None:
+    from .backends.profiles import load_profiles
+    load_profiles(v)  # raises ConfigError naming profiles.<name>.<key>
+    return None
+
+
+def model_dir(v: str, cfg) -> str | None:
+    if v == "":
+        return None
+    if not os.path.isdir(v):
+        return f"no such directory: {v!r}"
+    missing = [f for f in ("model.safetensors", "tokenizer.json") if not os.path.isfile(os.path.join(v, f))]
+    return f"{', '.join(missing)} missing in {v!r}" if missing else None
+
+
+def image_overrides(v: dict, cfg) -> str | None:
+    """images.models: {model: {key: value}}; checked in ``_across`` against the images rules."""
+    return None
+
+
+RULES: dict[str, Rule] = {
+    "server.host": host,
+    "server.port": within(1, 65535),
+    "server.workers": within(1, 1024),
+    "server.max_body_bytes": at_least(1),
+    "server.keepalive_interval_s": above(0),
+    "server.allowed_hosts": each(allowed_host),
+    "server.allowed_origins": each(allowed_origin),
+    "server.header_timeout_s": above(0),
+    "server.max_header_bytes": at_least(1024),
+    "server.body_timeout_s": above(0),
+    "server.max_connections": lambda v, c: None if v == 0 or v >= 16 else f"must be 0 (automatic) or >= 16, got {v}",
+    "server.keep_alive_timeout_s": above(0),
+    "server.send_timeout_s": above(0),
+    "upstream.connect_timeout_s": above(0),
+    "upstream.read_timeout_s": above(0),
+    "upstream.total_timeout_s": above(0),
+    "upstream.max_connections": at_least(1),
+    "upstream.max_response_bytes": at_least(1024),
+    "upstream.max_sse_event_bytes": at_least(1024),
+    "backends[].url": http_url,
+    "backends[].name": backend_name,
+    "backends[].api_key": header_safe,
+    "backends[].models": non_empty_names,
+    "backends[].profile": gpu_profile,
+    "backends[].metrics_url": lambda v, c: http_url(v, c, optional=True),
+    "routing.policy": routing_policy,
+    "routing.max_retries": within(0, 16),
+    "routing.health_interval_s": above(0),
+    "routing.scrape_interval_s": above(0),
+    "routing.eject_after_failures": at_least(1),
+    "routing.eject_base_s": above(0),
+    "routing.affinity_max_load": above(0),
+    "routing.affinity_min_match": within(0, 1),
+    "routing.affinity_ttl_s": above(0),
+    "routing.affinity_max_entries": at_least(1),
+    "images.max_long_side": at_least(1),
+    "images.grid_factor": within(1, 1024),
+    "images.min_pixels": at_least(1),
+    "images.max_pixels": at_least(1),
+    "images.detail_low_long_side": at_least(1),
+    "images.detail_high_long_side": at_least(1),
+    "images.allow_networks": each(cidr),
+    "images.allow_domains": each(domain),
+    "images.deny_domains": each(domain),
+    "images.fetch_timeout_s": above(0),
+    "images.max_fetch_bytes": at_least(1),
+    "images.max_source_pixels": at_least(1),
+    "images.trim_tolerance": within(0, 255),
+    "images.jpeg_quality": within(1, 100),
+    "images.prescale_gap": at_least(1.0),
+    "images.l1_redis_ttl_s": at_least(1),
+    "images.models": image_overrides,
+    "cache.ttl_s": at_least(1),
+    "cache.max_entry_bytes": at_least(1),
+    "cache.semantic_threshold": within(0.95, 1.0),
+    "cache.semantic_max_entries_per_partition": at_least(1),
+    "cache.redis_timeout_s": above(0),
+    "cache.semantic_max_entries": at_least(1),
+    "cache.semantic_hnsw_above": at_least(1),
+    "cache.semantic_model_dir": model_dir,
+    "cache.semantic_max_queue": at_least(1),
+    "auth.tenants[].name": tenant_name,
+    "auth.tenants[].key_sha256": sha256_hex,
+    "auth.tenants[].models": non_empty_names,
+    "auth.tenants[].cache_scope": lambda v, c: None if not _CONTROL.search(v) else "no control characters",
+    "auth.admin_key_sha256": lambda v, c: sha256_hex(v, c, optional=True),
+    "limits.max_messages": at_least(1),
+    "simulator.profile": sim_profile,
+    "simulator.time_scale": above(0),
+    "profiles": gpu_profiles,
+    "redis_url": redis_url,
+    "redis_prefix": lambda v, c: None if _prefix_ok(v) else
+    "1-64 letters, digits, '_', '.' or '-' (no ':', no glob characters), got " + repr(v),
+}
+
+# String/list/map keys where any value of the right type is valid, and why.
+FREE: dict[str, str] = {
+    "server.log_level": "a Literal: the type check lists the choices",
+    "server.log_format": "a Literal",
+    "backends[].engine": "a Literal",
+    "images.url_mode": "a Literal",
+    "images.resample": "a Literal",
+    "cache.mode": "a Literal",
+}
+
+
+def _prefix_ok(v: str) -> bool:
+    from .redis_keys import PREFIX_RE
+    return bool(PREFIX_RE.match(v))
+
+
+# -- walking ------------------------------------------------------------------------------
+
+def leaves(obj: Any, path: str = "") -> typing.Iterator[tuple[str, str, Any]]:
+    """(key with indices, key pattern with [], value) of every non-section key."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{path}.{f.name}" if path else f.name
+        if dataclasses.is_dataclass(value):
+            yield from leaves(value, key)
+        elif isinstance(value, list) and value and all(dataclasses.is_dataclass(v) for v in value):
+            for i, item in enumerate(value):
+                yield from leaves(item, f"{key}[{i}]")
+        else:
+            yield key, re.sub(r"\[\d+\]", "[]", key), value
+
+
+def check(cfg: "GatewayConfig") -> None:
+    from .config import ConfigError
+    for key, pattern, value in leaves(cfg):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+        rule = RULES.get(pattern)
+        if rule is not None:
+            problem = rule(value, cfg)
+            if problem:
+                raise ConfigError(f"{key}: {problem}")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise ConfigError(f"{key}: must be >= 0, got {value!r}")
+    _across(cfg)
+
+
+def _images(ic, key: str) -> None:
+    """Image budget relations, for the global section and each per-model override."""
+    from .config import ConfigError
+    if ic.max_long_side < ic.grid_factor:
+        raise ConfigError(f"{key}max_long_side: must be >= {key}grid_factor ({ic.grid_factor}), got {ic.max_long_side}")
+    for k in ("detail_low_long_side", "detail_high_long_side"):
+        if getattr(ic, k) < ic.grid_factor:
+            raise ConfigError(f"{key}{k}: must be >= {key}grid_factor ({ic.grid_factor}), got {getattr(ic, k)}")
+    if ic.max_pixels < ic.min_pixels:
+        raise ConfigError(f"{key}max_pixels: must be >= {key}min_pixels ({ic.min_pixels}), got {ic.max_pixels}")
+
+
+def _across(cfg: "GatewayConfig") -> None:
+    from .config import _COORDINATE_KEYS, ConfigError, ImagesConfig, _convert
+    _images(cfg.images, "images.")
+    from .middleware.images.policy import _OVERRIDABLE
+    hints = typing.get_type_hints(ImagesConfig)
+    for model, over in cfg.images.models.items():
+        base = f"images.models.{model}"
+        if not isinstance(over, dict):
+            raise ConfigError(f"{base}: expected a mapping of image keys, got {over!r}")
+        values = {}
+        for k, v in over.items():
+            if k in _COORDINATE_KEYS:  # the model's grounding keys: config._validate_model_coordinates
+                continue
+            if k not in _OVERRIDABLE:
+                raise ConfigError(f"{base}.{k}: not a per-model image key; allowed: "
+                                  f"{', '.join((*_OVERRIDABLE, *_COORDINATE_KEYS))}")
+            values[k] = _convert(hints[k], v, f"{base}.{k}")
+            problem = RULES.get(f"images.{k}", at_least(0))(values[k], cfg) \
+                if not isinstance(values[k], (bool, str)) else None
+            if problem:
+                raise ConfigError(f"{base}.{k}: {problem}")
+        _images(dataclasses.replace(cfg.images, **values), f"{base}.")
+    if cfg.routing.eject_max_s < cfg.routing.eject_base_s:
+        raise ConfigError(f"routing.eject_max_s: must be >= routing.eject_base_s ({cfg.routing.eject_base_s:g}), "
+                          f"got {cfg.routing.eject_max_s:g}")
+    names: dict[str, int] = {}
+    for i, b in enumerate(cfg.backends):
+        name = b.name or urlsplit(b.url).netloc
+        if name in names:
+            raise ConfigError(f"backends[{i}].name: {name!r} is already the name of backends[{names[name]}] "
+                              "(names label metrics, logs and admin routes)")
+        names[name] = i
+    tenants: dict[str, int] = {}
+    for i, t in enumerate(cfg.auth.tenants):
+        if t.name in tenants:
+            raise ConfigError(f"auth.tenants[{i}].name: duplicate tenant name {t.name!r}")
+        tenants[t.name] = i
+    per_process_limits(cfg)
+
+
+def per_process_limits(cfg: "GatewayConfig") -> None:
+    """Several workers without Redis: each worker would keep its own buckets and slots,
+    so every per-tenant limit would be multiplied by the worker count. Refused (rather
+    than divided: a client on one keep-alive connection stays on one worker and would
+    get only limit/workers)."""
+    from .config import ConfigError
+    if cfg.server.workers <= 1 or cfg.redis_url:
+        return
+    for i, t in enumerate(cfg.auth.tenants):
+        for k in ("requests_per_minute", "images_per_minute", "visual_tokens_per_minute", "concurrent_streams"):
+            if getattr(t, k):
+                raise ConfigError(
+                    f"server.workers: {cfg.server.workers} workers without redis_url would each count "
+                    f"auth.tenants[{i}].{k} on their own ({cfg.server.workers}x the limit); "
+                    "set redis_url to share the limits, or server.workers: 1")
