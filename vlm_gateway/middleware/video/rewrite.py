@@ -7,8 +7,9 @@
    (sample.py): each sample is stored at the frame budget's ceiling size (RGB) plus a
    grey thumbnail;
 3. dedupe (dedupe.py) marks each sample new or a near-duplicate of the last kept one;
-4. plan (plan.py) picks the output rate and frames so every distinct state is shown at
-   its own time;
+4. plan (plan.py) picks the output rate and frames so every distinct state is shown
+   near its own time (``groups``: in an engine group of its own; ``frames``: each frame
+   at its exact time);
 5. per-frame size: ``budget(w, h, None)`` is the ceiling (default: the image policy's
    long-side budget on the token grid); a content-aware budget is asked again with each
    kept frame and the largest answer wins; then the engine's own video resize is
@@ -26,34 +27,21 @@ import hashlib
 import time
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Optional
 
 import numpy as np
 
 from ...video_tokens import TimestampCounter, VideoTokens, qwen_timestamp_tokens, video_smart_resize, video_tokens
-from ...vision_tokens import target_size
 from . import decode, dedupe, encode, probe
+from .budget import FrameBudget, frame_budget
 from .errors import VideoError
-from .plan import Plan, plan as make_plan
+from .plan import Plan, plan_frames, plan_groups
 from .sample import GridSampler
 from .settings import VideoSettings
-
-# (source width, source height, kept frame at ceiling size or None) -> (width, height)
-FrameBudget = Callable[[int, int, Optional[np.ndarray]], tuple[int, int]]
 
 
 def grid_budget(settings: VideoSettings) -> FrameBudget:
     """The image policy's budget: long side <= max_long_side, both sides on the token grid."""
-    f = settings.grid_factor
-
-    def budget(w: int, h: int, frame: Optional[np.ndarray] = None) -> tuple[int, int]:
-        # min_pixels 0: the image rule's regrowth to 65536 px is the image processor's; the
-        # video processor's minimum covers the whole volume (4096 px) and never binds here
-        tw, th = target_size(w, h, settings.max_long_side, f, min_pixels=0)
-        # within budget target_size keeps the source size; the engine would round it to the grid
-        return max(f, round(tw / f) * f), max(f, round(th / f) * f)
-
-    return budget
+    return frame_budget(settings.max_long_side, settings.grid_factor)
 
 
 @dataclass(frozen=True)
@@ -145,7 +133,12 @@ def rewrite_video(data: bytes, settings: VideoSettings, budget: FrameBudget | No
         kept.append(new)
         if new:
             ref = thumb
-    p = make_plan(kept, rate, settings.min_fps if settings.dedupe else rate)
+    if not settings.dedupe:
+        p = plan_frames(kept, rate, rate)
+    elif settings.plan == "frames":
+        p = plan_frames(kept, rate, settings.min_fps)
+    else:
+        p = plan_groups(kept, rate, settings.min_fps)
     # per-frame size: the largest a kept frame needs, within the ceiling
     w, h = cw, ch
     if budget is not None:
