@@ -11,9 +11,10 @@ stands for sample ``j x m`` at ``R = f / m``. Two plans:
 
 ``plan_groups`` (default): every group shows one state in both its frames, so no group
 blends two screens (a group's tokens have the same size whether its two frames agree
-or not: two different screens share what one would get). ``m`` is the largest step
-(capped by ``f / min_fps``) for which this assignment, group by group in time order,
-shows every state: group ``g`` covers samples ``[2gm, 2(g+1)m)``; it shows the earliest
+or not: two different screens share what one would get). ``m`` (at most
+``f / min_fps``) is the step with the fewest groups, the smallest such step on a tie
+(shorter spans: closer stamps), for which this assignment, group by group in time
+order, shows every state: group ``g`` covers samples ``[2gm, 2(g+1)m)``; it shows the earliest
 state not shown yet if that state is on screen within the group's span, else the state
 on screen at the group's own stamp. A state that ended before the span of the next
 free group would be lost: that ``m`` is refused. A last, partial group that would only
@@ -124,10 +125,13 @@ def plan_groups(kept: list[bool], f: Fraction, min_fps: Fraction) -> Plan:
         raise ValueError("no samples")
     starts, sid = _state_starts(kept)
     K = len(kept)
-    for m in range(min(_m_max(f, min_fps, K), K), 0, -1):
+    best: tuple[int, int, list[int]] | None = None
+    for m in range(1, min(_m_max(f, min_fps, K), K) + 1):
         shown = _assign_groups(sid, len(starts), m)
-        if shown is None:
-            continue
+        if shown is not None and (best is None or len(shown) < best[0]):
+            best = (len(shown), m, shown)
+    if best is not None:
+        _, m, shown = best
         sources = tuple(starts[s] for s in shown for _ in (0, 1))
         grid = tuple(j * m for j in range(len(sources)))
         return Plan(step=m, rate=Fraction(f) / m, sources=sources, grid=grid, states=len(starts),
