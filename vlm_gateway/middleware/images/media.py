@@ -121,4 +121,5 @@ class MediaStage:
 
 
 def make(gw: "Gateway"):
-    return MediaStage(gw)
+    stage = gw.media_stage = MediaStage(gw)   # the /ui playground runs videos through it
+    return stage

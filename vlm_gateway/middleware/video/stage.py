@@ -1,4 +1,4 @@
-"""The video rewrite inside the media stage: ``REWRITES["video"]`` of images/media.py.
+"""The video rewrite inside the media stage: its ``rewrites["video"]`` (images/media.py).
 
 For each ``video_url`` part whose bytes the gateway holds (a data: URI, or a URL it
 fetched under the media policy):
@@ -231,10 +231,11 @@ class VideoRewriter:
         e = v.entry
         if e is None:
             return
-        metrics.VIDEO_FRAMES.labels("decoded").inc(e.decoded_frames if v.outcome == "rewritten" else 0)
+        if v.outcome == "rewritten":
+            metrics.VIDEO_FRAMES.labels("decoded").inc(e.decoded_frames)
         metrics.VIDEO_FRAMES.labels("out").inc(e.frames)
         if v.before:
-            metrics.VIDEO_FRAMES.labels("in").inc(_engine_frames(e, self.spec))
+            metrics.VIDEO_FRAMES.labels("in").inc(engine_frames(e, self.spec))
             metrics.VIDEO_TOKENS.labels(req.model, "before").inc(v.before)
             metrics.VIDEO_TOKENS.labels(req.model, "saved").inc(max(0, v.before - v.after))
         metrics.VIDEO_TOKENS.labels(req.model, "after").inc(v.after)
@@ -263,7 +264,8 @@ def recount(e: VideoEntry, spec: VideoProcessorSpec, count: TimestampCounter) ->
     return before, after
 
 
-def _engine_frames(e: VideoEntry, spec: VideoProcessorSpec) -> int:
+def engine_frames(e: VideoEntry, spec: VideoProcessorSpec) -> int:
+    """Frames the engine samples from the source as it came (0 = it could not tell)."""
     from ...video_tokens import sample_indices
     try:
         return len(sample_indices(e.src_frames, float(Fraction(e.src_rate)), spec))
@@ -275,7 +277,7 @@ def describe(param: str, v: VideoSent, spec: VideoProcessorSpec = QWEN3_VL) -> s
     e = v.entry
     if e is None:
         return f"part={param}; outcome={v.outcome}"
-    src_n = _engine_frames(e, spec)
+    src_n = engine_frames(e, spec)
     return (f"part={param}; outcome={v.outcome}; frames={src_n}->{e.frames}; "
             f"rate={_rate_text(e.src_rate)}->{_rate_text(e.rate)}; "
             f"size={e.src_width}x{e.src_height}->{e.width}x{e.height}; states={e.states}; plan={e.plan}; "
