@@ -18,7 +18,8 @@
 
 Token counts come from video_tokens.py: ``before`` for the source as the engine would
 read it, ``after`` for the output (every output frame is sampled: rate <= engine fps).
-Timings are this thread's CPU seconds (time.thread_time) and wall seconds.
+Timings are this thread's CPU seconds (time.thread_time: FFmpeg's own codec threads,
+with ``decode_threads`` > 1, are not included) and wall seconds.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def rewrite_video(data: bytes, settings: VideoSettings, budget: FrameBudget | No
     decoded = 0
     last_t = 0.0
     try:
-        for t, frame in decode.frames(container, stream, header, settings, started=w0):
+        for t, frame in decode.frames(container, stream, header, settings, started=w0,
+                                      threads=settings.decode_threads):
             if frame.width != header.width or frame.height != header.height:
                 raise VideoError(f"the video changes frame size mid-stream ({header.width}x{header.height} -> "
                                  f"{frame.width}x{frame.height})", "video_corrupt")

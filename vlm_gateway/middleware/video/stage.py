@@ -136,7 +136,8 @@ class VideoRewriter:
                           max_long_side=max(self.spec.factor, long_side), grid_factor=self.spec.factor, crf=c.crf,
                           max_bytes=self.max_bytes, max_duration_s=c.max_duration_s,
                           max_source_frames=c.max_source_frames, max_frame_pixels=c.max_frame_pixels,
-                          max_decoded_pixels=c.max_decoded_pixels, max_decode_s=c.max_decode_s, engine=self.spec)
+                          max_decoded_pixels=c.max_decoded_pixels, max_decode_s=c.max_decode_s,
+                          decode_threads=c.decode_threads, engine=self.spec)
         per_state = legibility_budget(self.images, model)
         key = content_hash(f"{s!r}|tok={self.counter_id}|legibility={per_state is not None}".encode())[:32]
         if len(self._settings) > 1024:
