@@ -253,6 +253,52 @@ def test_hostile_inputs_are_refused_quickly(tmp_path, name, make, code, settings
     assert res["rss_mib"] < 200, (name, res)
 
 
+def test_unreferenced_frames_skipped_far_below_the_source_rate(motion):
+    """At 4+ source frames per sample the decoder skips frames nothing references (x264's
+    B-frames here): fewer frames decoded, the same samples' timeline and token count."""
+    skip = rewrite_video(motion, VideoSettings(max_long_side=256))
+    full = rewrite_video(motion, VideoSettings(max_long_side=256, skip_nonref=False))
+    assert full.decoded_frames == 120 and skip.decoded_frames < 100
+    assert (skip.frames, skip.plan.rate, skip.after.total) == (full.frames, full.plan.rate, full.after.total)
+    assert skip.frame_times == full.frame_times
+    # a source near the sampling rate is decoded whole
+    slow = corpus.encode(corpus.motion_frames(4, 160, 120, 6), 6)
+    assert rewrite_video(slow, VideoSettings(max_long_side=160)).decoded_frames == 24
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_limits_hold_when_frames_are_skipped(tmp_path, skip):
+    # 90 s at 30 fps (2700 tiny frames, x264 with B-frames): the duration limit reads packet times
+    long30 = corpus.encode(corpus.motion_frames(90, 32, 32, 30), 30, fmt="mpegts", preset="veryfast")
+    res = refuse(tmp_path, long30, max_duration_s=60, skip_nonref=skip)
+    assert res["code"] == "video_too_long"
+    res = refuse(tmp_path, long30, max_source_frames=1000, skip_nonref=skip)
+    assert res["code"] == "video_too_many_frames"
+    # an MP4 whose index (at the front) declares frames its data no longer holds
+    whole = faststart_mp4(tmp_path / "fs.mp4", corpus.motion_frames(4, 160, 120, 30), 30)
+    res = refuse(tmp_path, whole[: int(len(whole) * 0.6)], skip_nonref=skip)
+    assert res["code"] in ("video_truncated", "video_corrupt"), res
+
+
+def faststart_mp4(path, frames, fps) -> bytes:
+    with av.open(str(path), mode="w", format="mp4", options={"movflags": "faststart"}) as out:
+        s = None
+        for j, arr in enumerate(frames):
+            if s is None:
+                s = out.add_stream("libx264", rate=fps, options={"threads": "1", "preset": "veryfast"})
+                s.height, s.width = arr.shape[:2]
+                s.pix_fmt = "yuv420p"
+            vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
+            vf.pts = j
+            for p in s.encode(vf):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    data = path.read_bytes()
+    assert data[4:8] == b"ftyp" and b"moov" in data[:4096]    # the index first
+    return data
+
+
 def test_decode_deadline(tmp_path):
     res = refuse(tmp_path, corpus.pixel_bomb(120, 1920, 1080), max_decode_s=0.05)
     assert res["code"] == "video_decode_timeout" and res["s"] < 5

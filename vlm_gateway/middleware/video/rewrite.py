@@ -3,7 +3,8 @@
 ``rewrite_video(data, settings, budget=None, count=...) -> RewrittenVideo``:
 
 1. probe: container from magic bytes, declared limits (probe.py);
-2. decode every frame with hard bounds (decode.py), sampling on the analysis grid
+2. decode with hard bounds (decode.py; frames no other frame references are skipped
+   when the source runs at 4 or more frames per sample), sampling on the analysis grid
    (sample.py): each sample is stored at the frame budget's ceiling size (RGB) plus a
    grey thumbnail;
 3. dedupe (dedupe.py) marks each sample new or a near-duplicate of the last kept one;
@@ -116,8 +117,11 @@ def rewrite_video(data: bytes, settings: VideoSettings, budget: FrameBudget | No
     decoded = 0
     last_t = 0.0
     try:
+        # at 4+ source frames per sample, skipping unreferenced frames (B-frames) leaves decoded
+        # frames in every sampling interval (x264's longest B run is 3 frames, 100 ms at 30 fps)
+        skip = settings.skip_nonref and header.rate and header.rate >= 4 * f
         for t, frame in decode.frames(container, stream, header, settings, started=w0,
-                                      threads=settings.decode_threads):
+                                      threads=settings.decode_threads, skip_nonref=bool(skip)):
             if frame.width != header.width or frame.height != header.height:
                 raise VideoError(f"the video changes frame size mid-stream ({header.width}x{header.height} -> "
                                  f"{frame.width}x{frame.height})", "video_corrupt")
