@@ -95,12 +95,14 @@ class MediaStage:
             gw.cache_flushers.append(video.l1.flush)  # POST /admin/cache/flush
             self.rewrites["video"] = video
 
-    async def one(self, req: "ChatRequest", part: "MediaPart") -> None:
+    async def resolve(self, req: "ChatRequest", part: "MediaPart") -> Source:
         try:
-            src = await self.sources.resolve(req, part)
+            return await self.sources.resolve(req, part)
         except (ImageError, FetchError) as e:
             metrics.MEDIA_PARTS.labels(part.kind, "refused").inc()
             raise as_error(part, e) from None
+
+    async def send(self, req: "ChatRequest", part: "MediaPart", src: Source) -> None:
         sent = await self.rewrites[part.kind](req, part, src)
         if sent.url is not None:
             part.set_url(sent.url)
@@ -113,12 +115,20 @@ class MediaStage:
         parts = [p for p in req.media if p.kind in KINDS]
         if not parts:
             return None
-        results = await asyncio.gather(*(self.one(req, p) for p in parts), return_exceptions=True)
-        for r in results:  # the first failing part, in order
-            if isinstance(r, BaseException):
-                raise r
+        # every source first (fetched, counted against the request's totals), then the
+        # rewrites: a request over its byte totals is refused before any video is decoded
+        sources = await _first_error(self.resolve(req, p) for p in parts)
+        await _first_error(self.send(req, p, s) for p, s in zip(parts, sources))
         return None
 
+
+async def _first_error(coros) -> list:
+    """Run concurrently; raise the error of the first failing part (in order)."""
+    results = await asyncio.gather(*coros, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
 
 def make(gw: "Gateway"):
     stage = gw.media_stage = MediaStage(gw)   # the /ui playground runs videos through it
