@@ -302,3 +302,20 @@ def test_hostile_videos_are_refused_in_bounded_time_and_memory(hostile, env, nam
     assert len(sim.sim_requests()) == n + 1                  # only the good one reached the engine
     assert gw.proc.poll() is None and httpx.get(gw.url + "/health", timeout=5).status_code == 200
     assert _hwm_mib(pid) - hwm0 < 400, (name, _hwm_mib(pid) - hwm0)
+
+
+def test_visual_tokens_per_minute_charges_video_tokens(module_servers, env):
+    import hashlib
+    import uuid
+    sim, _ = env
+    key = "sk-video-" + uuid.uuid4().hex
+    gw = module_servers.gateway({"auth": {"tenants": [{"name": "vtok", "key_sha256": hashlib.sha256(
+        key.encode()).hexdigest(), "visual_tokens_per_minute": 300}]}}, backends=[sim])
+    c = openai.OpenAI(base_url=gw.base_url, api_key=key, max_retries=0)
+    # admitted while the bucket is positive, then charged what the video costs the engine (685)
+    r = c.chat.completions.with_raw_response.create(model=SIM_MODEL, max_tokens=1,
+                                                    messages=messages(video_part(uri(SCREEN))))
+    assert tokens_header(r)[1] > 300
+    with pytest.raises(openai.RateLimitError) as ei:
+        c.chat.completions.create(model=SIM_MODEL, max_tokens=1, messages=messages(video_part(uri(SCREEN))))
+    assert "visual tokens" in ei.value.message
