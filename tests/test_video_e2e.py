@@ -319,3 +319,19 @@ def test_visual_tokens_per_minute_charges_video_tokens(module_servers, env):
     with pytest.raises(openai.RateLimitError) as ei:
         c.chat.completions.create(model=SIM_MODEL, max_tokens=1, messages=messages(video_part(uri(SCREEN))))
     assert "visual tokens" in ei.value.message
+
+
+def test_replicas_share_rewritten_videos_through_redis(module_servers, env, tmp_path):
+    from test_cache_redis import RedisProc
+    sim, _ = env
+    redis = RedisProc(str(tmp_path))
+    try:
+        a, b = (module_servers.gateway({"redis_url": redis.url}, backends=[sim]) for _ in range(2))
+        clip = corpus.motion_clip(2, 320, 240, 15, seed=77)
+        ra = chat(a, [video_part(uri(clip))])
+        sent_a = sent_video(sim)
+        rb = chat(b, [video_part(uri(clip))])
+        assert detail(ra)["outcome"] == "rewritten" and detail(rb)["outcome"] == "l1_hit"
+        assert sent_video(sim) == sent_a and tokens_header(ra) == tokens_header(rb)
+    finally:
+        redis.stop()
