@@ -335,3 +335,16 @@ def test_replicas_share_rewritten_videos_through_redis(module_servers, env, tmp_
         assert sent_video(sim) == sent_a and tokens_header(ra) == tokens_header(rb)
     finally:
         redis.stop()
+
+
+def test_concurrent_requests_for_one_video_share_one_rewrite(env):
+    sim, gw = env
+    clip = corpus.motion_clip(3, 640, 360, 30, seed=88)      # ~0.5 s to rewrite: the others arrive meanwhile
+    before = _metric(gw, "vlm_gateway_videos_total", 'outcome="rewritten"')
+    with cf.ThreadPoolExecutor(4) as ex:
+        rs = list(ex.map(lambda _: chat(gw, [video_part(uri(clip))]), range(4)))
+    assert all(r.status_code == 200 for r in rs), [r.text[:200] for r in rs]
+    outcomes = sorted(detail(r)["outcome"] for r in rs)
+    assert outcomes.count("rewritten") == 1 and set(outcomes) <= {"rewritten", "shared", "l1_hit"}, outcomes
+    assert _metric(gw, "vlm_gateway_videos_total", 'outcome="rewritten"') == before + 1
+    assert len({tokens_header(r) for r in rs}) == 1

@@ -115,7 +115,7 @@ MEDIA_BYTES_IN_FLIGHT = _gauge("vlm_gateway_media_bytes_in_flight",
                                "Media bytes held for requests in flight (fetch buffers, decoded sources)")
 MEDIA_PARTS = Counter("vlm_gateway_media_parts_total", "Non-image media parts by kind and outcome",
                       ("kind", "outcome"))
-VIDEOS = Counter("vlm_gateway_videos_total", "Video parts by outcome (rewritten, l1_hit, forwarded, refused)",
+VIDEOS = Counter("vlm_gateway_videos_total", "Video parts by outcome (rewritten, shared, l1_hit, forwarded, url_passthrough, refused)",
                  ("outcome",))
 VIDEO_FRAMES = Counter("vlm_gateway_video_frames_total",
                        "Video frames: decoded by the gateway, sampled by the engine from the source as sent (in) "

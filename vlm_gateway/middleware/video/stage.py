@@ -6,7 +6,8 @@ fetched under the media policy):
     key   = source content hash | settings key (every setting that changes the bytes
             or the counts: rates, caps, thresholds, plan, frame budget, engine spec,
             timestamp tokenizer)
-    entry = L1.get(key) or rewrite_video(bytes, settings) in the video pool
+    entry = L1.get(key) or rewrite_video(bytes, settings) in the video pool (one at a
+            time per key: concurrent requests for the same video share it, "shared")
     sent  = data:video/mp4 of entry.data, identity = content hash of those bytes
 
 The pool is a bounded thread pool of its own (``video.pool_workers``, ``video.max_queue``:
@@ -32,6 +33,7 @@ headers, sums over the request's videos and one line per video::
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from dataclasses import dataclass, replace
@@ -69,7 +71,7 @@ POLICY_HEADER = "x-vlm-gateway-video-policy"    # off | default
 class VideoSent:
     """What the stage did with one video part (``MediaPart.video``)."""
 
-    outcome: str                     # rewritten | l1_hit | forwarded | url_passthrough
+    outcome: str                     # rewritten | shared | l1_hit | forwarded | url_passthrough
     entry: VideoEntry | None = None  # None unless rewritten or from L1
     before: int = 0                  # prompt tokens of the source (0 = unknown)
     after: int = 0                   # prompt tokens of what is sent (0 = unknown)
@@ -112,6 +114,7 @@ class VideoRewriter:
         self.spec = replace(QWEN3_VL, fps=cfg.engine_fps, max_frames=cfg.engine_max_frames,
                             max_pixels=cfg.engine_max_pixels, min_pixels=cfg.engine_min_pixels)
         self._settings: dict[str, tuple[VideoSettings, str]] = {}
+        self._inflight: dict[str, asyncio.Future[VideoEntry]] = {}
         self.available = pyav_available()
         if not self.available:
             log.warning("video.enabled is on but PyAV is not installed: video_url parts whose bytes the gateway "
@@ -177,25 +180,40 @@ class VideoRewriter:
         entry = await self.l1.get(key)
         outcome = "l1_hit"
         if entry is None:
-            outcome = "rewritten"
-            try:
-                if not self.available:
-                    raise VideoError("this gateway cannot decode video (PyAV is not installed); ask the operator to "
-                                     "install vlm-gateway[video] or to set video.enabled: false", "video_unavailable")
+            # one rewrite per key at a time: concurrent requests for the same video wait for it
+            job = self._inflight.get(key)
+            outcome = "shared" if job is not None else "rewritten"
+            if job is None:
                 assert src.data is not None
-                entry = await self.pool.run(self._rewrite, src.data, settings, req.model)
+                job = self._inflight[key] = asyncio.ensure_future(self._job(key, src.data, settings, req.model))
+                job.add_done_callback(lambda j, k=key: self._done(k, j))
+            try:
+                entry = await asyncio.shield(job)
             except VideoError as e:
                 metrics.VIDEOS.labels("refused").inc()
                 if e.code == "video_unavailable":
                     raise GatewayError(f"Cannot read the video at {part.param}: {e}", param=part.param, code=e.code,
                                        status=501, type="server_error") from None
                 raise BadRequest(f"Invalid video at {part.param}: {e}", param=part.param, code=e.code) from None
-            await self.l1.put(key, entry)
-            metrics.VIDEO_REWRITE_SECONDS.observe(entry.wall_s)
-            metrics.VIDEO_REWRITE_CPU.inc(entry.cpu_s)
-            metrics.VIDEO_SECONDS.inc(entry.duration_s)
         sent = VideoSent(outcome, entry, entry.tokens_before, entry.tokens_after)
         return self._record(req, part, sent, Sent(data_uri(entry.data, entry.mime), entry.identity))
+
+    async def _job(self, key: str, data: bytes, settings: VideoSettings, model: str) -> VideoEntry:
+        if not self.available:
+            raise VideoError("this gateway cannot decode video (PyAV is not installed); ask the operator to "
+                             "install vlm-gateway[video] or to set video.enabled: false", "video_unavailable")
+        entry = await self.pool.run(self._rewrite, data, settings, model)
+        await self.l1.put(key, entry)
+        metrics.VIDEO_REWRITE_SECONDS.observe(entry.wall_s)
+        metrics.VIDEO_REWRITE_CPU.inc(entry.cpu_s)
+        metrics.VIDEO_SECONDS.inc(entry.duration_s)
+        return entry
+
+    def _done(self, key: str, job: "asyncio.Future[VideoEntry]") -> None:
+        if self._inflight.get(key) is job:
+            del self._inflight[key]
+        if not job.cancelled():
+            job.exception()   # retrieved: a failure is raised to every waiter, never logged as lost
 
     def _record(self, req: "ChatRequest", part: "MediaPart", v: VideoSent, sent: "Sent") -> "Sent":
         part.video = v
