@@ -103,6 +103,26 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
          "Boxes and points in answers mapped back to the client's image (mapped) or left as the model "
          "wrote them (unattributed: several images, no Image N marker); history = mapped into the sent frame."),
     ]),
+    ("Video", [
+        ("Video prompt tokens / s", "short",
+         [(rate("vlm_gateway_video_tokens_total", "stage"), "{{stage}}")],
+         "Prompt tokens the videos would cost as sent (before), after the rewrite (after: what the "
+         "engine counts), and saved."),
+        ("Video frames / s", "short",
+         [(rate("vlm_gateway_video_frames_total", "direction"), "{{direction}}")],
+         "Frames decoded by the gateway, sampled by the engine from the sources as sent (in) and from "
+         "the rewritten videos (out)."),
+        ("Video rewrite time", "s",
+         [(quantile(q, "vlm_gateway_video_rewrite_seconds", "instance"), f"p{int(q * 100)} {{{{instance}}}}")
+          for q in (0.5, 0.99)],
+         "Decode + sample + dedupe + resize + encode of one video, in the video pool."),
+        ("Videos / s by outcome", "ops",
+         [(rate("vlm_gateway_videos_total", "outcome"), "{{outcome}}"),
+          (f"sum(rate(vlm_gateway_video_rewrite_cpu_seconds_total{W}))"
+           f" / sum(rate(vlm_gateway_video_source_seconds_total{W}))", "CPU s per video s")],
+         "rewritten, l1_hit, forwarded (rewrite off), url_passthrough, refused; and the rewrite's CPU "
+         "seconds per second of source video."),
+    ]),
     ("Caches", [
         ("Cache hit ratio per level", "percentunit",
          [(CACHE_RATIO, "{{level}}"),

@@ -1,6 +1,7 @@
 """A local HTTP origin for media tests: fixed files, content that changes between
-requests (with or without a strong ETag), bodies streamed slowly, and a log of
-what was asked for. Runs in a thread on 127.0.0.1."""
+requests (with or without a strong ETag), bodies streamed slowly, bodies that never
+end (``/endless/<path>``: that file over and over, no length, until the client
+hangs up), and a log of what was asked for. Runs in a thread on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ class Origin:
                     origin.hits[u.path] = origin.hits.get(u.path, 0) + 1
                     entry = origin.files.get(u.path)
                     etag = origin.etags.get(u.path)
+                if u.path.startswith("/endless/"):
+                    with origin.lock:
+                        entry = origin.files.get(u.path[len("/endless"):])
+                    return self.endless(entry)
                 if u.path.startswith("/slow/"):
                     with origin.lock:
                         entry = origin.files.get(u.path[len("/slow"):])
@@ -75,6 +80,23 @@ class Origin:
                         sent += len(part)
                         time.sleep(delay)
                 except (BrokenPipeError, ConnectionResetError):
+                    pass
+                with origin.lock:
+                    origin.bytes_sent += sent
+
+            def endless(self, entry) -> None:
+                data, ctype = entry or (b"\x00" * 65536, "application/octet-stream")
+                self.send_response(200)
+                self.send_header("content-type", ctype)
+                self.send_header("connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                sent = 0
+                try:
+                    while sent < 8 * 2**30:      # a backstop: no test reads 8 GiB
+                        self.wfile.write(data)
+                        sent += len(data)
+                except (BrokenPipeError, ConnectionResetError, OSError):
                     pass
                 with origin.lock:
                     origin.bytes_sent += sent

@@ -192,3 +192,28 @@ async def test_pool_full_is_503_with_retry_after():
     await asyncio.gather(*jobs)
     assert await pool.run(lambda: 7) == 7
     pool.close()
+
+
+async def test_pool_bound_holds_while_abandoned_jobs_still_run():
+    """A caller that gives up (client disconnect) does not free its place while its job
+    still runs or waits for a thread: the bound counts the work, not the waiters."""
+    import threading
+
+    from vlm_gateway.middleware.images.pool import BoundedPool
+    from vlm_gateway.proxy.errors import Unavailable
+    pool = BoundedPool(workers=1, max_queue=1, what="video")
+    gate = threading.Event()
+    jobs = [asyncio.ensure_future(pool.run(gate.wait, 5)) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    jobs[0].cancel()   # running in the thread: keeps its place until the thread is done
+    await asyncio.sleep(0.05)
+    with pytest.raises(Unavailable) as e:
+        await pool.run(lambda: None)
+    assert e.value.status == 503 and e.value.code == "video_queue_full" and "video" in e.value.message
+    jobs[1].cancel()   # still waiting for the thread: cancelled before it starts, its place freed
+    await asyncio.sleep(0.05)
+    assert pool.jobs == 1
+    gate.set()
+    await asyncio.sleep(0.1)
+    assert pool.jobs == 0 and await pool.run(lambda: 7) == 7
+    pool.close()

@@ -21,9 +21,10 @@ from vlm_gateway.middleware.images import corpus as C
 from vlm_gateway.middleware.video import corpus as video_corpus
 
 BIG = C.photo_jpeg(1920, 1080)
-# an MP4-looking body (ftyp box) and a WAV-looking one (RIFF/WAVE): the gateway does
-# not decode video or audio, it inlines the bytes
-# a real (tiny) H.264 clip: the simulator decodes what it receives, as vLLM does
+# a real (tiny) H.264 clip (the simulator decodes what it receives, as vLLM does) and a
+# WAV-looking body (RIFF/WAVE): the gateway does not decode audio, it inlines the bytes;
+# videos are rewritten unless the request says x-vlm-gateway-video-policy: off
+VIDEO_OFF = {"x-vlm-gateway-video-policy": "off"}
 CLIP = video_corpus.motion_clip(2, 320, 240, 15)  # ~60 KB
 SOUND = b"RIFF\x24\x00\x01\x00WAVEfmt " + os.urandom(30_000)
 KEY = "sk-media-" + os.urandom(8).hex()
@@ -61,10 +62,11 @@ def audio_url(u):
 URL_PARTS = [image_url, image_url_str, input_image, video_url, video_url_str, audio_url]
 
 
-def chat(gw, parts: list[dict], key: str | None = None, **kw) -> httpx.Response:
+def chat(gw, parts: list[dict], key: str | None = None, headers: dict | None = None, **kw) -> httpx.Response:
     body = {"model": SIM_MODEL, "max_tokens": 4,
             "messages": [{"role": "user", "content": [{"type": "text", "text": "describe"}, *parts]}], **kw}
     h = {"authorization": f"Bearer {key}"} if key else {}
+    h.update(headers or {})
     return httpx.post(gw.base_url + "/chat/completions", json=body, headers=h, timeout=30)
 
 
@@ -166,17 +168,30 @@ def test_input_image_counts_against_max_images(env, origin):
 def test_video_url_fetched_and_inlined(env, origin, make):
     sim, _, store = env
     hits = origin.hits.get("/clip.mp4", 0)
-    r = chat(store, [make(origin.base + "/clip.mp4")])
+    r = chat(store, [make(origin.base + "/clip.mp4")], headers=VIDEO_OFF)
     assert r.status_code == 200, r.text
     (sent,) = last_parts(sim)
     u = sent["video_url"]["url"] if isinstance(sent["video_url"], dict) else sent["video_url"]
     assert u == uri(CLIP, "video/mp4")  # the engine gets the bytes, never the URL
     assert origin.hits["/clip.mp4"] == hits + 1
+    assert "outcome=forwarded" in r.headers["x-vlm-gateway-video-1"]
+    # rewritten (the default): the fetched bytes are the rewrite's input, as a data: URI would be
+    r = chat(store, [make(origin.base + "/clip.mp4")])
+    assert r.status_code == 200, r.text
+    (sent,) = last_parts(sim)
+    u = sent["video_url"]["url"] if isinstance(sent["video_url"], dict) else sent["video_url"]
+    assert u.startswith("data:video/mp4;base64,") and u != uri(CLIP, "video/mp4")
+    assert origin.hits["/clip.mp4"] == hits + 2
+    r2 = chat(store, [make(uri(CLIP, "video/mp4"))])
+    (sent2,) = last_parts(sim)
+    assert (sent2["video_url"]["url"] if isinstance(sent2["video_url"], dict) else sent2["video_url"]) == u
+    assert "outcome=l1_hit" in r2.headers["x-vlm-gateway-video-1"]
 
 
 def test_audio_url_fetched_and_inlined_and_mime_from_bytes(env, origin):
     sim, _, store = env
-    r = chat(store, [audio_url(origin.base + "/sound.wav"), video_url(origin.base + "/clip-octet")])
+    r = chat(store, [audio_url(origin.base + "/sound.wav"), video_url(origin.base + "/clip-octet")],
+             headers=VIDEO_OFF)
     assert r.status_code == 200, r.text
     audio, video = last_parts(sim)
     assert audio["audio_url"]["url"] == uri(SOUND, "audio/wav")
@@ -186,7 +201,8 @@ def test_audio_url_fetched_and_inlined_and_mime_from_bytes(env, origin):
 def test_data_media_forwarded_unchanged(env):
     sim, guarded, _ = env
     v, a = uri(CLIP, "video/mp4"), base64.b64encode(SOUND).decode()
-    r = chat(guarded, [video_url(v), {"type": "input_audio", "input_audio": {"data": a, "format": "wav"}}])
+    r = chat(guarded, [video_url(v), {"type": "input_audio", "input_audio": {"data": a, "format": "wav"}}],
+             headers=VIDEO_OFF)
     assert r.status_code == 200, r.text
     video, audio = last_parts(sim)
     assert video["video_url"]["url"] == v and audio["input_audio"] == {"data": a, "format": "wav"}

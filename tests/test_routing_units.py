@@ -321,3 +321,25 @@ def test_profile_filter_images_pixels_and_context():
     assert "above the 512 px long side" in ProfileFilter(cfg)(one, small)
     # a backend without a profile admits everything
     assert f(three, _backend("plain", None)) is None
+
+
+def _video(url="data:video/mp4;base64,AAAA"):
+    return {"type": "video_url", "video_url": {"url": url}}
+
+
+def test_profile_filter_counts_videos_and_their_tokens():
+    f = ProfileFilter(GatewayConfig())
+    small, big = _backend("small", "rtx4060ti"), _backend("big", "h200")
+    two = _req([{"role": "user", "content": [_video(), _video("data:video/mp4;base64,BBBB"),
+                                             {"type": "text", "text": "compare"}]}])
+    assert f(two, big) is None                                   # h200: 2 videos a prompt
+    assert "2 videos exceed the 1-video limit" in f(two, small)  # the profile's default: 1
+    novideo = _backend("novideo", "h200")
+    novideo.profile = {**novideo.profile, "max_videos_per_prompt": 0}
+    assert "exceed the 0-video limit" in f(two, novideo)
+    # a rewritten video's tokens count against the context
+    one = _req([{"role": "user", "content": [_video(), {"type": "text", "text": "what"}]}], max_tokens=100)
+    assert f(one, small) is None
+    one.media[0].tokens_after = 4000
+    assert "exceed the 4096-token context" in f(one, small)
+    assert f(one, big) is None

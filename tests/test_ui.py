@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+from fractions import Fraction
 
 import httpx
 import pytest
@@ -144,3 +145,31 @@ def test_ui_apis_need_the_admin_key(servers):
     r = httpx.post(gw.url + "/ui/api/rewrite", json={"image": photo_uri(1920, 1080)}, timeout=30,
                    headers={"authorization": f"Bearer {ADMIN_KEY}"})
     assert r.status_code == 200 and r.json()["after"]["tokens"] == 336
+
+
+def test_rewrite_video_api_reports_before_and_after(open_gw):
+    pytest.importorskip("av")
+    from vlm_gateway.middleware.video import corpus
+    _, gw = open_gw
+    data, times = corpus.screen_recording(12, 640, 360, 10, seed=5)
+    src = "data:video/mp4;base64," + base64.b64encode(data).decode()
+    r = httpx.post(gw.url + "/ui/api/rewrite-video", json={"video": src}, timeout=60)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["model"] == "qwen3vl-sim" and d["rewritten"] is True and d["plan"] == "groups"
+    assert d["states"] == len(times)
+    b, a = d["before"], d["after"]
+    assert (b["width"], b["height"], b["frames"], b["rate"]) == (640, 360, 24, "10")
+    assert (a["width"], a["height"]) == (640, 352) and a["frames"] < b["frames"] and Fraction(a["rate"]) <= 2
+    assert a["tokens"] < b["tokens"] and d["tokens_saved"] == b["tokens"] - a["tokens"]
+    out = base64.b64decode(d["video"].split(",", 1)[1])
+    assert out[4:8] == b"ftyp" and len(out) == a["bytes"] and b["bytes"] == len(data)
+    assert d["header"].startswith("part=messages[0].content[0].video_url; outcome=")
+    # the same rewrite a chat request gets (same settings, same L1 entry)
+    again = httpx.post(gw.url + "/ui/api/rewrite-video", json={"video": src}, timeout=60).json()
+    assert again["outcome"] == "l1_hit" and again["video"] == d["video"]
+    # bad input names the field
+    bad = httpx.post(gw.url + "/ui/api/rewrite-video", json={"video": "data:video/mp4;base64,"
+                                                             + base64.b64encode(b"<html></html>").decode()})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "video"
+    assert bad.json()["error"]["code"] == "unsupported_video_format"

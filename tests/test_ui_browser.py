@@ -85,3 +85,30 @@ def test_playground_upload_rewrite_and_streamed_answer(servers, tmp_path):
         assert (tmp_path / name).stat().st_size > 20_000
         if os.environ.get("UPDATE_SCREENSHOTS"):
             shutil.copy(tmp_path / name, ROOT / "docs" / name)
+
+
+def test_playground_shows_a_videos_rewrite(servers, tmp_path):
+    pytest.importorskip("av")
+    from vlm_gateway.middleware.video import corpus
+    sim = servers.sim()
+    gw = servers.gateway({}, backends=[sim])
+    data, times = corpus.screen_recording(12, 640, 360, 10, seed=5)
+    clip = tmp_path / "screen.mp4"
+    clip.write_bytes(data)
+    r = subprocess.run(["node", str(UI_TESTS / "video.mjs"), gw.url, str(clip), str(tmp_path)],
+                       cwd=UI_TESTS, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "CHROMIUM": CHROMIUM})
+    assert r.returncode == 0, r.stderr[-3000:]
+    page = json.loads(r.stdout.strip().splitlines()[-1])
+    assert page["error"] == "" and not page.get("console_errors"), page
+    assert page["video_shown"] and page["image_hidden"]
+    assert page["after_src"].startswith("data:video/mp4;base64,")
+    assert page["size_before"] == "640 × 360" and page["size_after"] == "640 × 352"
+    assert page["frames_before"] == "24 at 10 fps"
+    assert page["frames_after"].endswith(f"· {len(times)} screen states kept")
+    assert page["bytes_before"] == len(data) and page["bytes_after"] > 0
+    assert 0 < page["tokens_after"] < page["tokens_before"]
+    assert "Prompt tokens of the video" in page["saving"] and "plan groups" in page["saving"]
+    # the question went out with the video, and the answer's headers carry the same counts
+    assert page["answer"].startswith("What changes on the screen?")
+    assert f"video tokens before={page['tokens_before']}, after={page['tokens_after']}" in page["answer_meta"]

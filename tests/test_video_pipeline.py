@@ -22,7 +22,7 @@ cv2 = pytest.importorskip("cv2")
 from vlm_gateway import video_tokens as vt  # noqa: E402
 from vlm_gateway.middleware.video import corpus, dedupe  # noqa: E402
 from vlm_gateway.middleware.video.errors import VideoError  # noqa: E402
-from vlm_gateway.middleware.video.plan import plan  # noqa: E402
+from vlm_gateway.middleware.video.plan import plan, plan_groups  # noqa: E402
 from vlm_gateway.middleware.video.rewrite import rewrite_video  # noqa: E402
 from vlm_gateway.middleware.video.settings import VideoSettings  # noqa: E402
 
@@ -52,10 +52,12 @@ def motion():
     return corpus.motion_clip(4, 320, 240, 30)
 
 
-def test_screen_recording_keeps_every_state_at_its_time(screen):
+@pytest.mark.parametrize("plan_kind", ["groups", "frames"])
+def test_screen_recording_keeps_every_state_at_its_time(screen, plan_kind):
     data, times = screen
-    st = VideoSettings(max_long_side=640)
+    st = VideoSettings(max_long_side=640, plan=plan_kind)
     r = rewrite_video(data, st)
+    assert r.plan.kind == plan_kind
     n, fps, frames = opencv_view(r.data)
     # the engine reads exactly the planned frames at the planned rate, and samples all of them
     assert n == r.frames == len(frames)
@@ -63,8 +65,7 @@ def test_screen_recording_keeps_every_state_at_its_time(screen):
     assert vt.sample_indices(n, fps) == list(range(n))
     # the token count follows from what OpenCV reports
     assert vt.video_tokens(n, fps, frames[0].shape[1], frames[0].shape[0]).total == r.after.total
-    # every state (start time) appears in some output frame, and each output frame shows the
-    # state that was on screen at its own timestamp j / R
+    # every state (start time) appears in some output frame
     states = corpus.screen_states(640, 360, len(times), 3)
     thumbs = [dedupe.thumbnail(av.VideoFrame.from_ndarray(s, format="rgb24"), 128) for s in states]
 
@@ -76,13 +77,28 @@ def test_screen_recording_keeps_every_state_at_its_time(screen):
 
     shown = [which(f) for f in frames]
     assert set(shown) == set(range(len(times)))
-    for j, s in enumerate(shown):
-        t = j / fps
-        on_screen = max(i for i, st0 in enumerate(times) if st0 <= t + 1e-9)
-        if j == len(shown) - 1 and r.plan.held_past_end:
-            assert s == len(times) - 1
-        else:
-            assert s == on_screen, (j, t, s, on_screen)
+    end = 24.0   # the clip's length
+
+    def on_screen(t):
+        return max(i for i, st0 in enumerate(times) if st0 <= t + 1e-9)
+
+    if plan_kind == "frames":
+        # each output frame shows the state that was on screen at its own timestamp j / R
+        for j, s in enumerate(shown):
+            if j == len(shown) - 1 and r.plan.held_past_end:
+                assert s == len(times) - 1
+            else:
+                assert s == on_screen(j / fps), (j, s)
+    else:
+        # each engine group (frames 2g, 2g+1) shows one state, which was on screen during the
+        # group's span [2g / R, (2g + 2) / R): its stamp (2g + 0.5) / R is off by < 3/4 span
+        assert len(shown) % 2 == 0 and r.plan.mixed_groups == 0
+        for g in range(0, len(shown), 2):
+            assert shown[g] == shown[g + 1], g
+            lo, hi = g / fps, min((g + 2) / fps, end)
+            assert on_screen(lo) <= shown[g] <= on_screen(hi - 1e-6), (g, shown[g], lo, hi)
+        # states appear in time order
+        assert shown == sorted(shown)
     assert r.plan.states == len(times)
     assert r.after.total < r.before.total
 
@@ -131,6 +147,55 @@ def test_plan_step_is_the_shortest_state():
     # min_fps caps the step; a single sample still yields the engine's two frames
     assert plan([True] + [False] * 99, f, Fraction(1, 5)).step == 10
     assert plan([True], f, Fraction(1, 5)).grid == (0, 1)
+
+
+def test_plan_groups_gives_each_state_a_group_of_its_own():
+    f = Fraction(2)
+    # states of 4, 3, 5 and 2 samples: m = 1 (2-sample groups) is the largest step that
+    # keeps the 3-sample state in a group of its own; the engine's groups never pair two
+    kept = [True, False, False, False, True, False, False, True, False, False, False, False, True, False]
+    p = plan_groups(kept, f, Fraction(1, 10))
+    assert p.kind == "groups" and p.mixed_groups == 0
+    assert set(p.sources) == {0, 4, 7, 12}
+    assert all(p.sources[j] == p.sources[j + 1] for j in range(0, len(p.sources), 2))
+    # two 5 s states: two groups; m = 4 is the smallest step that needs no more (group 1
+    # spans 4-8 s and is stamped 5 s, when the second state begins; a third, partial group
+    # would only repeat it and is left out); a static 50 s video: min_fps (1/5) keeps the
+    # output's length, 10 frames at 0.2 fps
+    p = plan_groups([True] + [False] * 9 + [True] + [False] * 9, f, Fraction(1, 10))
+    assert p.step == 4 and p.sources == (0, 0, 10, 10) and p.rate == Fraction(1, 2)
+    assert plan_groups([True] + [False] * 99, f, Fraction(1, 5)).sources == (0,) * 10
+    assert plan_groups([True], f, Fraction(1, 5)).sources == (0, 0)
+    # motion (every sample new) cannot keep every state in its own group: the frame plan
+    p = plan_groups([True] * 8, f, Fraction(1, 5))
+    assert p.kind == "frames" and p.step == 1 and p.sources == tuple(range(8))
+
+
+def test_plan_groups_properties():
+    """Every state shown, in a group of its own, by a group whose span it was on screen in,
+    in time order; the frame plan pairs states where the group plan does not."""
+    import random
+    rng = random.Random(7)
+    f = Fraction(2)
+    for _ in range(300):
+        K = rng.randrange(1, 80)
+        kept = [True] + [rng.random() < rng.choice((0.05, 0.2, 0.5)) for _ in range(K - 1)]
+        p = plan_groups(kept, f, Fraction(1, 5))
+        starts = [k for k, new in enumerate(kept) if new]
+        assert set(p.sources) == set(starts)
+        assert list(p.sources) == sorted(p.sources)
+        assert Fraction(f) / p.rate == p.step and p.rate <= 2
+        if p.kind == "groups":
+            m = p.step
+            assert len(p.sources) % 2 == 0 and p.mixed_groups == 0
+            for g in range(0, len(p.sources), 2):
+                a = p.sources[g]
+                assert p.sources[g + 1] == a
+                end = starts[starts.index(a) + 1] if a != starts[-1] else K     # state a: samples [a, end)
+                lo, hi = g * m, min((g + 2) * m, K)
+                assert a < hi and end > lo, (kept, p)        # on screen during the group's span
+        else:
+            assert p.step == 1 or p.kind == "frames"
 
 
 # -- hostile inputs: refused with a code, in bounded time and memory -----------------------------
@@ -186,6 +251,52 @@ def test_hostile_inputs_are_refused_quickly(tmp_path, name, make, code, settings
         assert res["code"] == code, (name, res)
     assert res["s"] < 10, (name, res)
     assert res["rss_mib"] < 200, (name, res)
+
+
+def test_unreferenced_frames_skipped_far_below_the_source_rate(motion):
+    """At 4+ source frames per sample the decoder skips frames nothing references (x264's
+    B-frames here): fewer frames decoded, the same samples' timeline and token count."""
+    skip = rewrite_video(motion, VideoSettings(max_long_side=256))
+    full = rewrite_video(motion, VideoSettings(max_long_side=256, skip_nonref=False))
+    assert full.decoded_frames == 120 and skip.decoded_frames < 100
+    assert (skip.frames, skip.plan.rate, skip.after.total) == (full.frames, full.plan.rate, full.after.total)
+    assert skip.frame_times == full.frame_times
+    # a source near the sampling rate is decoded whole
+    slow = corpus.encode(corpus.motion_frames(4, 160, 120, 6), 6)
+    assert rewrite_video(slow, VideoSettings(max_long_side=160)).decoded_frames == 24
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_limits_hold_when_frames_are_skipped(tmp_path, skip):
+    # 90 s at 30 fps (2700 tiny frames, x264 with B-frames): the duration limit reads packet times
+    long30 = corpus.encode(corpus.motion_frames(90, 32, 32, 30), 30, fmt="mpegts", preset="veryfast")
+    res = refuse(tmp_path, long30, max_duration_s=60, skip_nonref=skip)
+    assert res["code"] == "video_too_long"
+    res = refuse(tmp_path, long30, max_source_frames=1000, skip_nonref=skip)
+    assert res["code"] == "video_too_many_frames"
+    # an MP4 whose index (at the front) declares frames its data no longer holds
+    whole = faststart_mp4(tmp_path / "fs.mp4", corpus.motion_frames(4, 160, 120, 30), 30)
+    res = refuse(tmp_path, whole[: int(len(whole) * 0.6)], skip_nonref=skip)
+    assert res["code"] in ("video_truncated", "video_corrupt"), res
+
+
+def faststart_mp4(path, frames, fps) -> bytes:
+    with av.open(str(path), mode="w", format="mp4", options={"movflags": "faststart"}) as out:
+        s = None
+        for j, arr in enumerate(frames):
+            if s is None:
+                s = out.add_stream("libx264", rate=fps, options={"threads": "1", "preset": "veryfast"})
+                s.height, s.width = arr.shape[:2]
+                s.pix_fmt = "yuv420p"
+            vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
+            vf.pts = j
+            for p in s.encode(vf):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    data = path.read_bytes()
+    assert data[4:8] == b"ftyp" and b"moov" in data[:4096]    # the index first
+    return data
 
 
 def test_decode_deadline(tmp_path):

@@ -196,6 +196,70 @@ class ImagesConfig:
 
 
 @dataclass
+class VideoConfig:
+    # Rewrite video_url parts: sample frames, drop near-duplicates, downscale, re-encode
+    # (docs/VIDEO.md). false = send them as they came (their sources are still fetched
+    # safely, checked and counted like every media part).
+    enabled: bool = True
+    # Analysis rate in frames per second; never above engine_fps (the engine would then
+    # drop output frames and their timestamps would no longer be the source's).
+    fps: float = 2.0
+    # Sampled frames kept per video; a longer video is sampled at fps / 2, fps / 4, ...
+    max_frames: int = 128
+    # Lowest output rate the duplicate removal may fall to (frames per second).
+    min_fps: float = 0.2
+    # Drop near-duplicate frames (a screen recording keeps one frame per screen state).
+    dedupe: bool = True
+    # A thumbnail pixel (128 px long side, grey) counts as changed above this many levels.
+    dedupe_pixel_delta: int = 12
+    # A frame is new when more than this share of its thumbnail's pixels changed.
+    dedupe_changed_fraction: float = 0.0005
+    # How kept screen states become output frames: groups (each state fills an engine
+    # group of two frames of its own, so no group blends two screens) or frames (each
+    # frame at its exact time; a group may pair two states: fewer tokens, blended pairs).
+    plan: Literal["groups", "frames"] = "groups"
+    # Long side of the frames sent, on the token grid; 0 = the model's image budget
+    # (images.max_long_side and its per-model override).
+    max_long_side: int = 0
+    # x264 quality of the re-encoded video (lower = better, larger).
+    crf: int = 20
+    # Longest video accepted (seconds; declared and decoded): longer ones get 400.
+    max_duration_s: float = 600.0
+    # Most frames decoded per video (any size): more get 400.
+    max_source_frames: int = 36000
+    # Largest frame (pixels; declared and decoded): larger get 400.
+    max_frame_pixels: int = 3840 * 2160
+    # All decoded frames' pixels together, per video: more get 400.
+    max_decoded_pixels: int = 16_000_000_000
+    # Wall-clock limit of one video's rewrite (decode included): longer gets 400.
+    max_decode_s: float = 60.0
+    # Decode threads (PyAV releases the GIL while FFmpeg works): 0 = half the cores, at least 1.
+    pool_workers: int = 0
+    # FFmpeg codec threads per decode: 1 keeps one video to one core (the pool runs several);
+    # more cut one video's rewrite time (time to first token) on a machine with idle cores.
+    decode_threads: int = 1
+    # Rewrites allowed to wait for a decode thread; beyond that 503 with Retry-After. (Their
+    # source bytes are held under limits.max_media_bytes_in_flight meanwhile.)
+    max_queue: int = 16
+    # L1 cache of rewritten videos (key: source hash + settings), in process.
+    l1_max_bytes: int = 128 * 1024 * 1024
+    # TTL of rewritten videos in Redis, shared by replicas (when redis_url is set).
+    l1_redis_ttl_s: int = 3600
+    # tokenizer.json of the served model: counts the "<t seconds>" text exactly for any
+    # tokenizer; empty = Qwen2's rule (digits one token each: 4 + digits).
+    tokenizer: str = ""
+    # The engine's video sampling rate (vLLM's Qwen3-VL loader: 2; --media-io-kwargs video.fps).
+    engine_fps: float = 2.0
+    # Most frames the engine samples from one video (Qwen3-VL: 768).
+    engine_max_frames: int = 768
+    # The video processor's pixel budget of all sampled frames together (Qwen3-VL-2B:
+    # size.longest_edge 25165824); a backend profile's video_max_pixels replaces it there.
+    engine_max_pixels: int = 25165824
+    # The video processor's minimum volume (size.shortest_edge: 4096).
+    engine_min_pixels: int = 4096
+
+
+@dataclass
 class CacheConfig:
     enabled: bool = True
     # default: cache only deterministic requests (temperature 0 or a seed).
@@ -292,6 +356,7 @@ class GatewayConfig:
     backends: list[BackendConfig] = field(default_factory=list)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     images: ImagesConfig = field(default_factory=ImagesConfig)
+    video: VideoConfig = field(default_factory=VideoConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -424,6 +489,34 @@ def validate(cfg: GatewayConfig) -> None:
     from .config_values import check
     check(cfg)
     _validate_model_coordinates(cfg.images)
+    _validate_video(cfg.video)
+
+
+def _validate_video(v: VideoConfig) -> None:
+    if not 0 < v.fps <= v.engine_fps:
+        raise ConfigError(f"video.fps: must be > 0 and <= video.engine_fps ({v.engine_fps:g}), got {v.fps:g}")
+    if not 0 < v.min_fps <= v.fps:
+        raise ConfigError(f"video.min_fps: must be > 0 and <= video.fps ({v.fps:g}), got {v.min_fps:g}")
+    if v.max_frames < 2:
+        raise ConfigError("video.max_frames: must be >= 2")
+    if v.max_long_side and v.max_long_side < 32:
+        raise ConfigError("video.max_long_side: must be 0 (the image budget) or >= 32")
+    if not 0 <= v.crf <= 51:
+        raise ConfigError("video.crf: must be within 0-51")
+    if not 0 <= v.dedupe_pixel_delta <= 255:
+        raise ConfigError("video.dedupe_pixel_delta: must be within 0-255")
+    if not 0 <= v.dedupe_changed_fraction < 1:
+        raise ConfigError("video.dedupe_changed_fraction: must be within [0, 1)")
+    for k in ("max_duration_s", "max_source_frames", "max_frame_pixels", "max_decoded_pixels", "max_decode_s",
+              "engine_fps", "engine_max_frames", "engine_max_pixels", "engine_min_pixels"):
+        if getattr(v, k) <= 0:
+            raise ConfigError(f"video.{k}: must be > 0")
+    if not 1 <= v.decode_threads <= 16:
+        raise ConfigError("video.decode_threads: must be within 1-16")
+    if v.pool_workers < 0 or v.max_queue < 0 or v.l1_max_bytes < 0:
+        raise ConfigError("video.pool_workers, video.max_queue and video.l1_max_bytes: must be >= 0")
+    if v.tokenizer and not os.path.isfile(v.tokenizer):
+        raise ConfigError(f"video.tokenizer: no such file {v.tokenizer!r} (the served model's tokenizer.json)")
 
 
 _COORDINATE_KEYS = {"coordinates": str, "map_coordinates": bool, "processor_min_pixels": int,

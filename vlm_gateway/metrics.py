@@ -118,3 +118,16 @@ MEDIA_BYTES_IN_FLIGHT = _gauge("vlm_gateway_media_bytes_in_flight",
                                "Media bytes held for requests in flight (fetch buffers, decoded sources)")
 MEDIA_PARTS = Counter("vlm_gateway_media_parts_total", "Non-image media parts by kind and outcome",
                       ("kind", "outcome"))
+VIDEOS = Counter("vlm_gateway_videos_total", "Video parts by outcome (rewritten, shared, l1_hit, forwarded, url_passthrough, refused)",
+                 ("outcome",))
+VIDEO_FRAMES = Counter("vlm_gateway_video_frames_total",
+                       "Video frames: decoded by the gateway, sampled by the engine from the source as sent (in) "
+                       "and from the rewritten video (out)", ("direction",))
+VIDEO_TOKENS = Counter("vlm_gateway_video_tokens_total",
+                       "Prompt tokens of video parts before and after rewrite, and saved", ("model", "stage"))
+VIDEO_REWRITE_SECONDS = Histogram("vlm_gateway_video_rewrite_seconds",
+                                  "Video rewrite wall time (decode, sample, dedupe, resize, encode)",
+                                  buckets=_SLOW)
+VIDEO_REWRITE_CPU = Counter("vlm_gateway_video_rewrite_cpu_seconds_total",
+                            "CPU seconds of video rewrites (the decode thread's)")
+VIDEO_SECONDS = Counter("vlm_gateway_video_source_seconds_total", "Seconds of source video rewritten")

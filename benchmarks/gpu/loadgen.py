@@ -113,6 +113,7 @@ async def stream_one(session: aiohttp.ClientSession, base: str, body: dict) -> d
                 usage = ev["usage"]
     return {"ok": ttft is not None, "ttft": ttft, "e2e": time.perf_counter() - t0, "usage": usage,
             "text": "".join(text), "visual": headers.get("x-vlm-gateway-visual-tokens"),
+            "video": headers.get("x-vlm-gateway-video-tokens"), "video_1": headers.get("x-vlm-gateway-video-1"),
             "backend": headers.get("x-vlm-gateway-backend"), "cache": headers.get("x-vlm-gateway-cache")}
 
 
@@ -299,22 +300,29 @@ VIDEO_CLIPS_SMALL = {"motion_10s_720p30": ("motion", 2, 320, 240, 30),
                      "screen_60s_1080p30": ("screen", 12, 640, 360, 10)}
 
 
-def make_video(args: tuple[str, tuple, int]) -> dict:
-    """One clip (seeded: every request gets frames no engine cache has seen) and its rewrite."""
+def make_video(args: tuple[str, tuple, int, bool]) -> dict:
+    """One clip (seeded: every request gets frames no engine cache has seen) and its rewrite
+    with the gateway's default settings (plan groups); with ``both`` also the frame plan."""
     from vlm_gateway.middleware.video import corpus
     from vlm_gateway.middleware.video.rewrite import rewrite_video
     from vlm_gateway.middleware.video.settings import VideoSettings
-    name, (kind, sec, w, h, fps), seed = args
+    name, (kind, sec, w, h, fps), seed, both = args
     if kind == "motion":
         raw, times = corpus.motion_clip(sec, w, h, fps, seed=seed), None
     else:
         raw, times = corpus.screen_recording(sec, w, h, fps, seed=seed)
     r = rewrite_video(raw, VideoSettings())
-    return {"name": name, "seed": seed, "raw": raw, "out": r.data, "times": times, "states": r.plan.states,
-            "rewrite_cpu_s": r.cpu_s, "frames_out": r.frames, "rate_out": str(r.plan.rate),
-            "size_out": f"{r.width}x{r.height}", "src": (r.source.opencv_frames, float(r.source.rate),
-                                                          r.source.width, r.source.height),
-            "dst": (r.frames, float(r.plan.rate), r.width, r.height)}
+    out = {"name": name, "seed": seed, "raw": raw, "out": r.data, "times": times, "states": r.plan.states,
+           "rewrite_cpu_s": r.cpu_s, "frames_out": r.frames, "rate_out": str(r.plan.rate),
+           "size_out": f"{r.width}x{r.height}", "src": (r.source.opencv_frames, float(r.source.rate),
+                                                         r.source.width, r.source.height),
+           "dst": (r.frames, float(r.plan.rate), r.width, r.height), "plan": r.plan.kind,
+           "mixed_groups": r.plan.mixed_groups}
+    if both:
+        f = rewrite_video(raw, VideoSettings(plan="frames"))
+        out.update(out_frames=f.data, dst_frames=(f.frames, float(f.plan.rate), f.width, f.height),
+                   mixed_groups_frames=f.plan.mixed_groups, plan_frames=f.plan.kind)
+    return out
 
 
 def video_chat(video: bytes, text: str = "Describe this video.", max_tokens: int = 64, prefix: str = "") -> dict:
@@ -354,9 +362,14 @@ def cmd_video(a) -> dict:
     from vlm_gateway.video_tokens import tokens_for_indices, sample_indices, group_timestamps, timestamp_text
     clips = VIDEO_CLIPS_SMALL if a.small else VIDEO_CLIPS
     plan = [(1, 4 if a.small else 6), (8, 8 if a.small else 24)]
-    need = sum(n for _, n in plan) + 2 * len(plan)      # + 2 warm-ups per cell
+    n_modes = 3 if a.through_gateway else 2
+    # clips of their own per cell and mode (+ 2 warm-ups each): the gateway's rewrite of a raw
+    # clip is byte for byte the client-side rewrite, which the engine would otherwise have cached
+    need = (sum(n for _, n in plan) + 2 * len(plan)) * n_modes
     t0 = time.time()
-    jobs = [(name, spec, 1000 * i + j) for i, (name, spec) in enumerate(clips.items()) for j in range(need + 2)]
+    # the last clip of each kind is the token-accounting one: also rewritten with the frame plan
+    jobs = [(name, spec, 1000 * i + j, j == need + 1) for i, (name, spec) in enumerate(clips.items())
+            for j in range(need + 2)]
     with ProcessPoolExecutor(os.cpu_count()) as ex:
         made = list(ex.map(make_video, jobs))
     vids = {name: [m for m in made if m["name"] == name] for name in clips}
@@ -369,7 +382,9 @@ def cmd_video(a) -> dict:
                               "rewrite_cpu_s_p50": statistics.median(cpu), "frames_out": ms[0]["frames_out"],
                               "rate_out": ms[0]["rate_out"], "size_out": ms[0]["size_out"],
                               "states_kept": [m["states"] for m in ms[:4]],
-                              "states_true": [len(m["times"]) for m in ms[:4]] if ms[0]["times"] else None}
+                              "states_true": [len(m["times"]) for m in ms[:4]] if ms[0]["times"] else None,
+                              "plan": ms[0]["plan"], "mixed_groups": [m["mixed_groups"] for m in ms[:4]],
+                              "mixed_groups_frames_plan": ms[-1].get("mixed_groups_frames")}
 
     async def tokens():
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as s:
@@ -381,18 +396,36 @@ def cmd_video(a) -> dict:
             text_tokens = base["usage"]["prompt_tokens"]
             for name, ms in vids.items():
                 m = ms[-1]                      # one not used by the timing cells
-                for kind, data, (n, fps, w, h) in (("raw", m["raw"], m["src"]), ("rewritten", m["out"], m["dst"])):
+                raw_got = None
+                for kind, data, (n, fps, w, h) in (("raw", m["raw"], m["src"]), ("rewritten", m["out"], m["dst"]),
+                                                   ("rewritten_frames_plan", m["out_frames"], m["dst_frames"])):
                     idx = sample_indices(n, fps)
                     await count([timestamp_text(t) for t in group_timestamps(idx, fps)])
                     v = tokens_for_indices(idx, fps, w, h, count=lambda t: cache[t])
                     r = await stream_one(s, DIRECT, video_chat(data, text="hi", max_tokens=1))
                     got = r["usage"]["prompt_tokens"] if r.get("usage") else None
+                    raw_got = got if kind == "raw" else raw_got
                     row = {"clip": name, "sent": kind, "frames": v.frames, "size": f"{v.width}x{v.height}",
-                           "groups": v.groups, "tokens_per_group": v.tokens_per_group,
+                           "groups": v.groups, "tokens_per_group": v.tokens_per_group, "visual": v.visual,
                            "timestamp_tokens": v.timestamp_tokens, "predicted": text_tokens + v.total,
                            "vllm_prompt_tokens": got, "exact": got == text_tokens + v.total,
                            "text_tokens": text_tokens, "engine_tokenizer": engine_tok,
                            "error": None if r["ok"] else r.get("error")}
+                    out["tokens"].append(row)
+                    print(json.dumps(row), flush=True)
+                if a.through_gateway:
+                    # the raw clip through the gateway: its header against what the engine reports
+                    # for what the gateway sent (after) and for the raw clip sent directly (before)
+                    r = await stream_one(s, GATEWAY, video_chat(m["raw"], text="hi", max_tokens=1))
+                    got = r["usage"]["prompt_tokens"] if r.get("usage") else None
+                    kv = dict(x.split("=") for x in (r.get("video") or "before=;after=").split(";"))
+                    before = int(kv["before"]) if kv["before"].isdigit() else None
+                    after = int(kv["after"]) if kv["after"].isdigit() else None
+                    row = {"clip": name, "sent": "raw_via_gateway", "header_before": before, "header_after": after,
+                           "detail": r.get("video_1"), "vllm_prompt_tokens": got, "text_tokens": text_tokens,
+                           "exact_after": got is not None and after is not None and got == text_tokens + after,
+                           "exact_before": raw_got is not None and before is not None and
+                           raw_got == text_tokens + before, "error": None if r["ok"] else r.get("error")}
                     out["tokens"].append(row)
                     print(json.dumps(row), flush=True)
 
@@ -403,9 +436,9 @@ def cmd_video(a) -> dict:
     for name, ms in vids.items():
         off = 0
         for conc, n in plan:
-            cell = ms[off:off + n + 2]
-            off += n + 2
             for mode, (base, key) in modes.items():
+                cell = ms[off:off + n + 2]
+                off += n + 2
                 asyncio.run(run_cell(base, [video_chat(m[key]) for m in cell[n:]], 2))       # warm-up
                 res = asyncio.run(run_cell(base, [video_chat(m[key]) for m in cell[:n]], conc))
                 res.update(clip=name, conc=conc, mode=mode)
@@ -421,7 +454,7 @@ def main() -> None:
     ap.add_argument("cmd", choices=["images", "tokens", "affinity", "video"])
     ap.add_argument("--small", action="store_true", help="video: small clips (a local run against the simulator)")
     ap.add_argument("--through-gateway", action="store_true",
-                    help="video: also send raw clips through the gateway (once it rewrites video_url parts)")
+                    help="video: also send raw clips through the gateway (its token header checked, TTFT cells)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--policy", default="affinity")

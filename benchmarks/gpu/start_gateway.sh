@@ -2,6 +2,9 @@
 # On the GPU machine: (re)start vlm-gateway on :8080 in front of N engines on 8000.. with a
 # routing policy. Runs from the repository copy with the bundle's wheels on PYTHONPATH.
 # Usage: start_gateway.sh N POLICY [WORKERS]
+# TOKENIZER=<served model's tokenizer.json> makes the video token header count the
+# "<t seconds>" texts with it (the GPU bundle's model is not Qwen's tokenizer);
+# VIDEO_DECODE_THREADS (default 2) sets FFmpeg threads per video decode.
 set -u
 N=$1; POLICY=$2; WORKERS=${3:-4}
 SITE=${SITE:-/root/vllm-site}
@@ -11,6 +14,7 @@ cfg=/root/gateway-$POLICY.yaml
 {
   echo "server: {port: 8080, workers: $WORKERS}"
   echo "routing: {policy: $POLICY}"
+  echo "video: {decode_threads: ${VIDEO_DECODE_THREADS:-2}${TOKENIZER:+, tokenizer: $TOKENIZER}}"
   echo "backends:"
   for i in $(seq 0 $((N - 1))); do
     echo "  - {url: http://127.0.0.1:$((8000 + i))/v1, name: gpu$i, engine: vllm, profile: h200, models: [qwen3vl]}"

@@ -3,14 +3,15 @@
 ``ProfileFilter`` is a pool filter ((req, backend) -> reason or None) that applies
 the backend's GPU profile:
 
-- number of images <= ``max_images_per_prompt``;
+- number of images <= ``max_images_per_prompt``, of videos <= ``max_videos_per_prompt``
+  (the engine is started with these limits: ``vlm-gateway launch``);
 - every image, at the size the image stage will rewrite it to for this backend
   (long side min(images budget, profile ``image_max_long_side``), snapped to the
   token grid by ``vision_tokens.target_size``), within ``image_max_pixels``;
   sizes come from the image headers the image stage read before routing, and an
   image of unknown size (no image stage) is not checked;
-- estimated prompt tokens (text ~4 bytes a token + visual tokens after rewrite)
-  + ``max_tokens`` <= ``max_model_len``.
+- estimated prompt tokens (text ~4 bytes a token + visual tokens after rewrite, a
+  rewritten video's count included) + ``max_tokens`` <= ``max_model_len``.
 
 ``Slots`` is the bounded admission queue: a request whose candidates are all at
 their profile's ``max_num_seqs`` waits (FIFO wake-up) up to
@@ -86,6 +87,11 @@ class ProfileFilter:
         if max_images and len(req.images) > max_images:
             return (f"{len(req.images)} images exceed the {max_images}-image limit of backend "
                     f"{b.name} ({p.get('name', 'profile')})")
+        videos = [m for m in req.media if m.kind == "video"]
+        max_videos = int(p.get("max_videos_per_prompt", 1) or 0)
+        if len(videos) > max_videos:
+            return (f"{len(videos)} video{'s' if len(videos) != 1 else ''} exceed the {max_videos}-video limit of "
+                    f"backend {b.name} ({p.get('name', 'profile')})")
         long_side, factor, min_px, max_px = self._budget(req.model)
         prof_long = int(p.get("image_max_long_side") or 0)
         prof_px = int(p.get("image_max_pixels") or 0)
@@ -110,6 +116,7 @@ class ProfileFilter:
                     + MARKER_TOKENS
             except ValueError as e:
                 return f"image {img.param}: {e}"
+        vis += sum(v.tokens_after for v in videos)
         max_len = int(p.get("max_model_len") or 0)
         if max_len:
             need = text_tokens(req) + vis + completion_budget(req)

@@ -4,8 +4,11 @@ image_embeds --, videos, audios), the inline bytes of every media part per kind
 (data: payloads, input_audio, image_embeds; fetched bodies are added to the same
 totals as they stream, see ``images.inflight``), image_embeds unless allowed, the
 engine extras that change how media are read (``mm_processor_kwargs``,
-``media_io_kwargs``: pixel budgets, video frames) unless allowed, and the max_tokens cap (per tenant, else global). Each refusal is a 4xx that names
-the limit; the body size itself is refused earlier with 413 by the endpoint.
+``media_io_kwargs``: pixel budgets, video frames) unless allowed -- and, while the
+video rewrite is on, even when allowed, the parts of them that reach video sampling
+or the video processor in a request with a video (the rewrite's frame limits and
+token counts hold only for the engine's own settings) --, and the max_tokens cap
+(per tenant, else global). Each refusal is a 4xx that names the limit; the body size itself is refused earlier with 413 by the endpoint.
 Pixels per image are checked by the image stage once the header is read
 (``images.max_source_pixels``).
 
@@ -35,6 +38,10 @@ def inline_bytes(url: str) -> int:
 # vLLM request extras that change how the engine reads media: a client could raise the
 # pixel budget (max_pixels) or the frames sampled past the gateway's limits
 MEDIA_KWARGS = ("mm_processor_kwargs", "media_io_kwargs")
+# mm_processor_kwargs keys that reach only other modalities' processors (transformers merges
+# every other key, flat ones included, into the video processor's kwargs too)
+NON_VIDEO_PROCESSOR_KEYS = frozenset({"images_kwargs", "audio_kwargs", "text_kwargs"})
+VIDEO_POLICY_HEADER = "x-vlm-gateway-video-policy"
 _COUNTS = {"image": ("images", "max_images_per_request"), "embeds": ("images", "max_images_per_request"),
            "video": ("videos", "max_videos_per_request"), "audio": ("audios", "max_audios_per_request")}
 
@@ -42,6 +49,7 @@ _COUNTS = {"image": ("images", "max_images_per_request"), "embeds": ("images", "
 def make(gw: "Gateway"):
     lim = gw.cfg.limits
     allow_embeds = gw.cfg.images.allow_image_embeds
+    video_rewrite = gw.cfg.video.enabled
     budget = for_gateway(gw)
 
     async def limits(req: "ChatRequest"):
@@ -57,6 +65,9 @@ def make(gw: "Gateway"):
                                      "limits and is refused with media parts; set limits.allow_media_kwargs: "
                                      "true (VLM_GATEWAY_LIMITS__ALLOW_MEDIA_KWARGS=true) to forward it",
                                      param=k, code="unsupported_parameter")
+        elif video_rewrite and any(p.kind == "video" for p in req.media) and \
+                (req.headers.get(VIDEO_POLICY_HEADER) or "").strip().lower() != "off":
+            _video_kwargs(req)
         counts: dict[str, int] = {}
         for p in req.media:
             if p.kind == "embeds" and not allow_embeds:
@@ -74,6 +85,24 @@ def make(gw: "Gateway"):
         for p in req.media:  # inline bytes, before anything is decoded (fetched bodies add later)
             budget.count(req, p, inline_size(p))
         return _tokens(req)
+
+    def _video_kwargs(req: "ChatRequest") -> None:
+        touched = []
+        mio = req.body.get("media_io_kwargs")
+        if mio is not None and (not isinstance(mio, dict) or mio.get("video") is not None):
+            touched.append("media_io_kwargs.video" if isinstance(mio, dict) else "media_io_kwargs")
+        mpk = req.body.get("mm_processor_kwargs")
+        if isinstance(mpk, dict):
+            touched += [f"mm_processor_kwargs.{k}" for k in mpk if k not in NON_VIDEO_PROCESSOR_KEYS]
+        elif mpk is not None:
+            touched.append("mm_processor_kwargs")
+        if touched:
+            raise BadRequest(f"'{touched[0]}' would change how the engine samples or sizes video frames; the "
+                             "gateway rewrites videos for the engine's own settings (its frame limits and token "
+                             "counts hold only for them). Leave it out (image settings go under "
+                             "mm_processor_kwargs.images_kwargs), or send the header "
+                             f"{VIDEO_POLICY_HEADER}: off to have the engine read the original video",
+                             param=touched[0], code="unsupported_parameter")
 
     def _tokens(req: "ChatRequest"):
         t = req.state.get("tenant_cfg")

@@ -79,8 +79,9 @@ def _completion_path(summary: str, schema_ref: str) -> dict[str, Any]:
                         "x-request-id", "x-vlm-gateway-overhead-ms", "x-vlm-gateway-backend",
                         "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
                         "x-ratelimit-reset-requests", "x-vlm-gateway-grounding",
-                        "x-vlm-gateway-image-transform-1")}},
-            **_errors(400, 401, 403, 404, 413, 429, 502, 503, 504)}}}
+                        "x-vlm-gateway-image-transform-1", "x-vlm-gateway-video-tokens",
+                        "x-vlm-gateway-video-1")}},
+            **_errors(400, 401, 403, 404, 413, 429, 501, 502, 503, 504)}}}
 
 
 def _admin(method: str, summary: str, params: list | None = None) -> dict[str, Any]:

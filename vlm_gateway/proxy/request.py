@@ -55,6 +55,8 @@ class MediaPart:
     tokens_after: int = 0
     kind: str = "image"
     ptype: str = "image_url"
+    # what the video stage did (middleware.video.stage.VideoSent) for a video part
+    video: Any = None
 
     @property
     def param(self) -> str:

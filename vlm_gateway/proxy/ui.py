@@ -1,10 +1,11 @@
 """The playground and status page at /ui, and the small JSON APIs behind it.
 
-Static files (``vlm_gateway/ui/``) need no build step. Two APIs:
+Static files (``vlm_gateway/ui/``) need no build step. The APIs:
 
 - ``POST /ui/api/rewrite`` ``{"image": "data:...;base64,...", "model": .., "detail": ..}``
   runs the image stage's rewrite on the bytes and returns before/after figures
   (size, bytes, visual tokens) plus the rewritten image as a data URI;
+  ``POST /ui/api/rewrite-video`` does the same for a video (ui_video.py);
 - ``GET /ui/api/status``: backends (profile, health, load, in-flight), cache hit
   ratios per level, image totals and this worker's recent requests.
 
@@ -309,11 +310,13 @@ def routes(cfg: GatewayConfig) -> list:
     async def config(request: Request) -> Response:
         return _json({"auth": bool(cfg.auth.admin_key_sha256), "api_auth": bool(cfg.auth.tenants)})
 
+    from . import ui_video
     return [
         Route("/ui", to_index, methods=["GET"]),
         Route("/ui/api/config", config, methods=["GET"]),
         Route("/ui/api/models", _guarded(cfg, _models), methods=["GET"]),
         Route("/ui/api/status", _guarded(cfg, routes_status(cfg)), methods=["GET"]),
         Route("/ui/api/rewrite", _guarded(cfg, routes_rewrite(cfg)), methods=["POST"]),
+        Route("/ui/api/rewrite-video", _guarded(cfg, ui_video.route(cfg)), methods=["POST"]),
         Mount("/ui", app=StaticFiles(directory=str(STATIC_DIR), html=True), name="ui"),
     ]

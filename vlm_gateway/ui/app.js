@@ -2,7 +2,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { image: null, auth: false, statusTimer: null };
+const state = { image: null, kind: "image", auth: false, statusTimer: null };
 
 function headers(extra) {
   const h = Object.assign({}, extra || {});
@@ -44,20 +44,44 @@ function showTab() {
 }
 
 // -- image input -------------------------------------------------------------------------
+function showKind(kind) {
+  state.kind = kind;
+  const video = kind === "video";
+  for (const side of ["before", "after"]) {
+    $("img-" + side).hidden = video;
+    $("video-" + side).hidden = !video;
+  }
+  for (const el of document.querySelectorAll(".video-only")) el.hidden = !video;
+  for (const el of document.querySelectorAll(".image-only")) el.hidden = video;
+  for (const side of ["before", "after"]) {
+    $("tokens-label-" + side).textContent = video ? "Video tokens" : "Visual tokens";
+    $("tokens-label-" + side).title = video ? "everything the video adds to the prompt (x-vlm-gateway-video-tokens)" : "";
+  }
+  $("detail").disabled = video;
+}
+
 function takeFile(file) {
-  if (!file || !file.type.startsWith("image/")) { showError("Not an image file"); return; }
+  const kind = file && file.type.startsWith("video/") ? "video" : file && file.type.startsWith("image/") ? "image" : null;
+  if (!kind) { showError("Not an image or video file"); return; }
   const reader = new FileReader();
   reader.onload = () => {
     state.image = reader.result;
-    $("img-before").src = state.image;
+    showKind(kind);
     $("img-after").removeAttribute("src");
+    $("video-after").removeAttribute("src");
     $("bytes-before").textContent = fmtBytes(file.size);
-    for (const id of ["size-before", "tokens-before", "size-after", "bytes-after", "tokens-after"]) $(id).textContent = "–";
+    for (const id of ["size-before", "tokens-before", "size-after", "bytes-after", "tokens-after", "frames-before", "frames-after"]) $(id).textContent = "–";
     $("saving").textContent = "";
-    $("img-before").onload = () => {
-      const i = $("img-before");
-      $("drop-hint").textContent = `loaded ${i.naturalWidth} × ${i.naturalHeight}, ${fmtBytes(file.size)}`;
-    };
+    if (kind === "video") {
+      $("video-before").src = state.image;
+      $("drop-hint").textContent = `loaded a video, ${fmtBytes(file.size)}`;
+    } else {
+      $("img-before").src = state.image;
+      $("img-before").onload = () => {
+        const i = $("img-before");
+        $("drop-hint").textContent = `loaded ${i.naturalWidth} × ${i.naturalHeight}, ${fmtBytes(file.size)}`;
+      };
+    }
     $("run").disabled = false;
     showError("");
   };
@@ -84,6 +108,11 @@ async function run(ev) {
   const model = $("model").value;
   const detail = $("detail").value;
   try {
+    if (state.kind === "video") {
+      await runVideo(model);
+      await ask(model, detail);
+      return;
+    }
     const rw = await api("/ui/api/rewrite", {
       method: "POST", headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ image: state.image, model, detail }),
@@ -106,15 +135,45 @@ async function run(ev) {
   }
 }
 
+// A video: the gateway's video rewrite (frames sampled, duplicates dropped, downscaled)
+async function runVideo(model) {
+  const rw = await api("/ui/api/rewrite-video", {
+    method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ video: state.image, model }),
+  });
+  const b = rw.before || {}, a = rw.after || {};
+  for (const [side, info] of [["before", b], ["after", a]]) {
+    $("size-" + side).textContent = info.width ? `${info.width} × ${info.height}` : "–";
+    $("bytes-" + side).textContent = fmtBytes(info.bytes);
+    $("bytes-" + side).dataset.value = info.bytes;
+    $("tokens-" + side).textContent = fmtInt(info.tokens);
+    $("tokens-" + side).dataset.value = info.tokens == null ? "" : info.tokens;
+    $("frames-" + side).textContent = info.frames == null ? "–" : `${info.frames} at ${info.rate} fps`;
+  }
+  if (!rw.rewritten) {
+    $("saving").textContent = "Sent unchanged" + (rw.reason ? ": " + rw.reason : "");
+    return;
+  }
+  $("frames-after").textContent += ` · ${rw.states} screen state${rw.states === 1 ? "" : "s"} kept`;
+  $("video-after").src = rw.video;
+  $("saving").textContent = (b.tokens ? `Prompt tokens of the video ${fmtInt(b.tokens)} → ${fmtInt(a.tokens)} (−${pct(a.tokens, b.tokens)}%), `
+    : `Prompt tokens of the video ${fmtInt(a.tokens)}, `) +
+    `frames ${b.frames} → ${a.frames}, bytes ${fmtBytes(b.bytes)} → ${fmtBytes(a.bytes)}, ` +
+    `${rw.outcome === "l1_hit" ? "from the L1 cache" : "rewritten in " + rw.rewrite_ms + " ms"} (plan ${rw.plan})`;
+}
+
 async function ask(model, detail) {
   const image_url = { url: state.image };
   if (detail !== "auto") image_url.detail = detail;
+  const media = state.kind === "video"
+    ? { type: "video_url", video_url: { url: state.image } }
+    : { type: "image_url", image_url };
   const body = {
     model, stream: true, stream_options: { include_usage: true },
     max_tokens: parseInt($("max-tokens").value, 10) || 64,
     messages: [{ role: "user", content: [
       { type: "text", text: $("question").value },
-      { type: "image_url", image_url },
+      media,
     ] }],
   };
   const t0 = performance.now();
@@ -126,7 +185,7 @@ async function ask(model, detail) {
     const err = await r.json().catch(() => ({}));
     throw new Error((err.error && err.error.message) || ("HTTP " + r.status));
   }
-  showFrame(r.headers.get("x-vlm-gateway-image-transform-1"), r.headers.get("x-vlm-gateway-grounding"));
+  if (state.kind === "image") showFrame(r.headers.get("x-vlm-gateway-image-transform-1"), r.headers.get("x-vlm-gateway-grounding"));
   const reader = r.body.getReader();
   const dec = new TextDecoder();
   let buf = "", ttft = null, usage = null, chunks = 0;
@@ -163,6 +222,8 @@ async function ask(model, detail) {
     `gateway overhead ${r.headers.get("x-vlm-gateway-overhead-ms") || "?"} ms`,
   ];
   if (usage) parts.push(`prompt tokens ${usage.prompt_tokens}, completion tokens ${usage.completion_tokens}`);
+  const vt = r.headers.get("x-vlm-gateway-video-tokens");
+  if (vt) parts.push(`video tokens ${vt.replace(";", ", ")}`);
   $("answer-meta").textContent = parts.join(" · ");
 }
 
@@ -279,7 +340,7 @@ async function init() {
   drop.addEventListener("dragleave", () => drop.classList.remove("over"));
   drop.addEventListener("drop", (e) => { e.preventDefault(); drop.classList.remove("over"); takeFile(e.dataTransfer.files[0]); });
   document.addEventListener("paste", (e) => {
-    const item = [...(e.clipboardData || {}).items || []].find((i) => i.type.startsWith("image/"));
+    const item = [...(e.clipboardData || {}).items || []].find((i) => i.type.startsWith("image/") || i.type.startsWith("video/"));
     if (item) takeFile(item.getAsFile());
   });
   $("ask").addEventListener("submit", run);

@@ -136,7 +136,7 @@ def prefix_keys(req, include_images: bool = True) -> tuple[list[tuple[bytes, int
                 tokens += _image_tokens(img)
             elif (mi, pi) in media:  # video, audio: by the identity of the bytes sent
                 h.update(b"\x04" + _image_identity(media[(mi, pi)], part))
-                tokens += MARKER_TOKENS
+                tokens += media[(mi, pi)].tokens_after or MARKER_TOKENS   # a rewritten video's count
             else:
                 h.update(orjson.dumps(part, option=orjson.OPT_SORT_KEYS))
                 tokens += MARKER_TOKENS

@@ -9,12 +9,13 @@ and inlined as a data: URI, so the engine never fetches anything itself; under
 ``url_mode: reject`` a URL is refused, under ``passthrough`` it is checked here
 and forwarded. ``part.content_hash`` is the hash of the bytes sent.
 
-What is sent for a source is decided by the kind's ``MediaRewrite`` in
-``REWRITES``. Video and audio are forwarded as they came today; a video pipeline
-(frame sampling, near-duplicate removal) plugs in by replacing
-``REWRITES["video"]``: it receives the part and its resolved ``Source`` (bytes,
-hash, declared content type) and returns the ``Sent`` URL with the identity of
-what it sends.
+What is sent for a source is decided by the kind's ``MediaRewrite`` in the
+stage's ``rewrites`` (``REWRITES`` by default): it receives the request, the part
+and its resolved ``Source`` (bytes, hash, declared content type) and returns the
+``Sent`` URL with the identity of what it sends. Audio and image embeddings are
+forwarded as they came; with ``video.enabled`` (the default) ``rewrites["video"]``
+is the video rewrite (middleware/video/stage.py: frame sampling, near-duplicate
+removal, downscale, re-encode), else videos are forwarded too.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class Sent:
     identity: str
 
 
-MediaRewrite = Callable[["MediaPart", Source], Awaitable[Sent]]
+MediaRewrite = Callable[["ChatRequest", "MediaPart", Source], Awaitable[Sent]]
 
 # container signatures -> MIME type, for inlining fetched bodies
 _MAGIC = (
@@ -69,7 +70,7 @@ def mime_of(data: bytes, declared: str, kind: str) -> str:
     return "application/octet-stream"
 
 
-async def forward(part: "MediaPart", src: Source) -> Sent:
+async def forward(req: "ChatRequest", part: "MediaPart", src: Source) -> Sent:
     """The bytes as they came: a data: URI or inline payload untouched, a fetched
     body inlined as a data: URI, a checked pass-through URL unchanged."""
     if src.kind == "url":
@@ -85,14 +86,24 @@ class MediaStage:
     def __init__(self, gw: "Gateway") -> None:
         self.sources: MediaSources = media_sources(gw)
         self.allow_embeds = gw.cfg.images.allow_image_embeds
+        self.rewrites: dict[str, MediaRewrite] = dict(REWRITES)
+        if gw.cfg.video.enabled:
+            from ..video.stage import VideoRewriter
+            video = VideoRewriter(gw)
+            gw.video_rewriter = video
+            gw.closers.append(video.close)
+            gw.cache_flushers.append(video.l1.flush)  # POST /admin/cache/flush
+            self.rewrites["video"] = video
 
-    async def one(self, req: "ChatRequest", part: "MediaPart") -> None:
+    async def resolve(self, req: "ChatRequest", part: "MediaPart") -> Source:
         try:
-            src = await self.sources.resolve(req, part)
+            return await self.sources.resolve(req, part)
         except (ImageError, FetchError) as e:
             metrics.MEDIA_PARTS.labels(part.kind, "refused").inc()
             raise as_error(part, e) from None
-        sent = await REWRITES[part.kind](part, src)
+
+    async def send(self, req: "ChatRequest", part: "MediaPart", src: Source) -> None:
+        sent = await self.rewrites[part.kind](req, part, src)
         if sent.url is not None:
             part.set_url(sent.url)
         part.content_hash = sent.identity
@@ -104,12 +115,21 @@ class MediaStage:
         parts = [p for p in req.media if p.kind in KINDS]
         if not parts:
             return None
-        results = await asyncio.gather(*(self.one(req, p) for p in parts), return_exceptions=True)
-        for r in results:  # the first failing part, in order
-            if isinstance(r, BaseException):
-                raise r
+        # every source first (fetched, counted against the request's totals), then the
+        # rewrites: a request over its byte totals is refused before any video is decoded
+        sources = await _first_error(self.resolve(req, p) for p in parts)
+        await _first_error(self.send(req, p, s) for p, s in zip(parts, sources))
         return None
 
 
+async def _first_error(coros) -> list:
+    """Run concurrently; raise the error of the first failing part (in order)."""
+    results = await asyncio.gather(*coros, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
 def make(gw: "Gateway"):
-    return MediaStage(gw)
+    stage = gw.media_stage = MediaStage(gw)   # the /ui playground runs videos through it
+    return stage

@@ -221,7 +221,7 @@ class MediaSources:
         mode = self.url_mode(part, url)
         if mode == "data":
             data = await self.decode(req, part, url)
-            return Source("data", url, await self.hash(data), None, len(data))
+            return Source("data", url, await self.hash(data), None, len(data), data)
         if mode == "passthrough":
             await check_address(url, self.fetcher.policy, part.kind)
             return Source("url_passthrough", url, "url:" + content_hash(url.encode()), None, 0)

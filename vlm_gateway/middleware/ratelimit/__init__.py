@@ -155,7 +155,7 @@ def make(gw: "Gateway"):
             async def charge(r: "ChatRequest", cap=t.visual_tokens_per_minute, key=base + "vtok") -> None:
                 if r.state.get("backend") is None:
                     return  # answered without a backend (cache hit) or refused before sending
-                used = sum(p.tokens_after or p.tokens_before for p in r.images)
+                used = sum(p.tokens_after or p.tokens_before for p in r.media)   # images and videos
                 if used:
                     await limiter.take([Check(key, cap, used, CHARGE)])
             req.on_finish.append(charge)

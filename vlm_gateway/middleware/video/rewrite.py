@@ -3,12 +3,14 @@
 ``rewrite_video(data, settings, budget=None, count=...) -> RewrittenVideo``:
 
 1. probe: container from magic bytes, declared limits (probe.py);
-2. decode every frame with hard bounds (decode.py), sampling on the analysis grid
+2. decode with hard bounds (decode.py; frames no other frame references are skipped
+   when the source runs at 4 or more frames per sample), sampling on the analysis grid
    (sample.py): each sample is stored at the frame budget's ceiling size (RGB) plus a
    grey thumbnail;
 3. dedupe (dedupe.py) marks each sample new or a near-duplicate of the last kept one;
-4. plan (plan.py) picks the output rate and frames so every distinct state is shown at
-   its own time;
+4. plan (plan.py) picks the output rate and frames so every distinct state is shown
+   near its own time (``groups``: in an engine group of its own; ``frames``: each frame
+   at its exact time);
 5. per-frame size: ``budget(w, h, None)`` is the ceiling (default: the image policy's
    long-side budget on the token grid); a content-aware budget is asked again with each
    kept frame and the largest answer wins; then the engine's own video resize is
@@ -17,7 +19,8 @@
 
 Token counts come from video_tokens.py: ``before`` for the source as the engine would
 read it, ``after`` for the output (every output frame is sampled: rate <= engine fps).
-Timings are this thread's CPU seconds (time.thread_time) and wall seconds.
+Timings are this thread's CPU seconds (time.thread_time: FFmpeg's own codec threads,
+with ``decode_threads`` > 1, are not included) and wall seconds.
 """
 
 from __future__ import annotations
@@ -26,34 +29,21 @@ import hashlib
 import time
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Optional
 
 import numpy as np
 
 from ...video_tokens import TimestampCounter, VideoTokens, qwen_timestamp_tokens, video_smart_resize, video_tokens
-from ...vision_tokens import target_size
 from . import decode, dedupe, encode, probe
+from .budget import FrameBudget, frame_budget
 from .errors import VideoError
-from .plan import Plan, plan as make_plan
+from .plan import Plan, plan_frames, plan_groups
 from .sample import GridSampler
 from .settings import VideoSettings
-
-# (source width, source height, kept frame at ceiling size or None) -> (width, height)
-FrameBudget = Callable[[int, int, Optional[np.ndarray]], tuple[int, int]]
 
 
 def grid_budget(settings: VideoSettings) -> FrameBudget:
     """The image policy's budget: long side <= max_long_side, both sides on the token grid."""
-    f = settings.grid_factor
-
-    def budget(w: int, h: int, frame: Optional[np.ndarray] = None) -> tuple[int, int]:
-        # min_pixels 0: the image rule's regrowth to 65536 px is the image processor's; the
-        # video processor's minimum covers the whole volume (4096 px) and never binds here
-        tw, th = target_size(w, h, settings.max_long_side, f, min_pixels=0)
-        # within budget target_size keeps the source size; the engine would round it to the grid
-        return max(f, round(tw / f) * f), max(f, round(th / f) * f)
-
-    return budget
+    return frame_budget(settings.max_long_side, settings.grid_factor)
 
 
 @dataclass(frozen=True)
@@ -127,7 +117,11 @@ def rewrite_video(data: bytes, settings: VideoSettings, budget: FrameBudget | No
     decoded = 0
     last_t = 0.0
     try:
-        for t, frame in decode.frames(container, stream, header, settings, started=w0):
+        # at 4+ source frames per sample, skipping unreferenced frames (B-frames) leaves decoded
+        # frames in every sampling interval (x264's longest B run is 3 frames, 100 ms at 30 fps)
+        skip = settings.skip_nonref and header.rate and header.rate >= 4 * f
+        for t, frame in decode.frames(container, stream, header, settings, started=w0,
+                                      threads=settings.decode_threads, skip_nonref=bool(skip)):
             if frame.width != header.width or frame.height != header.height:
                 raise VideoError(f"the video changes frame size mid-stream ({header.width}x{header.height} -> "
                                  f"{frame.width}x{frame.height})", "video_corrupt")
@@ -145,7 +139,12 @@ def rewrite_video(data: bytes, settings: VideoSettings, budget: FrameBudget | No
         kept.append(new)
         if new:
             ref = thumb
-    p = make_plan(kept, rate, settings.min_fps if settings.dedupe else rate)
+    if not settings.dedupe:
+        p = plan_frames(kept, rate, rate)
+    elif settings.plan == "frames":
+        p = plan_frames(kept, rate, settings.min_fps)
+    else:
+        p = plan_groups(kept, rate, settings.min_fps)
     # per-frame size: the largest a kept frame needs, within the ceiling
     w, h = cw, ch
     if budget is not None:

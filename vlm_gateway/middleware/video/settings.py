@@ -7,7 +7,9 @@ tenant), never from client fields.
 Sampling: ``fps`` is the analysis rate (at most the engine's own sampling rate, 2 fps
 for Qwen3-VL on vLLM, so that the engine then takes every output frame); ``max_frames``
 caps sampled frames (the rate halves while a long video would exceed it);
-``min_fps`` is the lowest output rate the dedupe may fall to.
+``min_fps`` is the lowest output rate the dedupe may fall to; ``plan`` picks how kept
+states become output frames (plan.py: ``groups`` keeps every state in an engine group of
+its own, ``frames`` puts each frame at its exact time and may pair two states).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class VideoSettings:
     max_frames: int = 128
     min_fps: Fraction = Fraction(1, 5)
     dedupe: bool = True
+    plan: str = "groups"                  # "groups" | "frames" (plan.py)
     dedupe_thumb_long_side: int = 128     # grey thumbnail the duplicate test runs on
     dedupe_pixel_delta: int = 12          # a thumbnail pixel "changed" above this (0-255)
     dedupe_changed_fraction: float = 0.0005   # a frame is new above this share of changed pixels
@@ -42,6 +45,8 @@ class VideoSettings:
     max_decoded_pixels: int = 16_000_000_000    # all decoded frames together
     max_decode_s: float = 60.0                  # wall clock for the whole rewrite
     max_buffer_bytes: int = 384 * 1024 * 1024   # sampled frames kept in memory
+    decode_threads: int = 1                     # FFmpeg codec threads per decode (latency vs pool width)
+    skip_nonref: bool = True                    # skip unreferenced frames when sampling far below the source rate
     # the engine's video processor (token rule; output must stay within its sampling)
     engine: VideoProcessorSpec = field(default=QWEN3_VL)
 

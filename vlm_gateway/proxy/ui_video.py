@@ -1,0 +1,118 @@
+"""``POST /ui/api/rewrite-video`` for the /ui playground: what the gateway does to a video.
+
+Body ``{"video": "data:video/...;base64,...", "model": ..}``. Runs the gateway's own
+video rewrite (middleware/video/stage.py: same settings for the model, same decode
+pool and L1 cache) on a one-video chat request, as a real request would go through
+the media stage, and answers before/after figures: size, bytes, frames the engine
+samples, their rate, prompt tokens (the engine's count for the source as sent and
+for the rewrite), distinct screen states, the plan, the rewrite time, and the
+rewritten video as a data URI. Nothing is sent upstream. Access control is the /ui
+APIs' (ui.py).
+"""
+
+from __future__ import annotations
+
+import binascii
+import inspect
+import re
+import time
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pybase64
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..config import GatewayConfig
+from ..middleware.video.stage import engine_frames
+from .errors import BadRequest, PayloadTooLarge
+from .request import ChatRequest, MediaPart
+
+if TYPE_CHECKING:
+    from .gateway import Gateway
+
+_DATA_URI = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?:;[^,]*)?;base64,", re.I)
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json",
+                    headers={"cache-control": "no-store"})
+
+
+async def _body(request: Request, limit: int) -> dict:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes", code="body_too_large")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes", code="body_too_large")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BadRequest("Request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("Request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _video_bytes(value: Any) -> bytes:
+    if not isinstance(value, str) or not _DATA_URI.match(value):
+        raise BadRequest("'video' must be a base64 data URI (data:video/...;base64,...)", param="video",
+                         code="invalid_type")
+    try:
+        return pybase64.b64decode("".join(value.partition(",")[2].split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest("'video' is not valid base64", param="video", code="invalid_video") from None
+
+
+def route(cfg: GatewayConfig):
+    async def rewrite_video(request: Request) -> Response:
+        gw: "Gateway" = request.app.state.gateway
+        body = await _body(request, cfg.server.max_body_bytes)
+        models = gw.pool.models()
+        model = body.get("model") or (models[0] if models else "")
+        if not isinstance(model, str) or not model:
+            raise BadRequest("'model' is required (no backend serves any model yet)", param="model",
+                             code="missing_required_parameter")
+        value = body.get("video")
+        src_len = len(_video_bytes(value))
+        rewriter = getattr(gw, "video_rewriter", None)
+        if rewriter is None:
+            return _json({"model": model, "rewritten": False, "before": {"bytes": src_len}, "after": {"bytes": src_len},
+                          "reason": "video rewriting is switched off (video.enabled)", "video": value})
+        stage = gw.media_stage
+        part_json = {"type": "video_url", "video_url": {"url": value}}
+        req = ChatRequest(body={"model": model, "messages": [{"role": "user", "content": [part_json]}]},
+                          route="chat", model=model, stream=False, headers={}, request_id="ui-rewrite-video",
+                          media=[MediaPart(0, 0, part_json, kind="video", ptype="video_url")])
+        t0 = time.perf_counter()
+        try:
+            await stage(req)
+        except Exception as e:
+            if getattr(e, "param", None) == "messages[0].content[0].video_url":
+                e.param = "video"
+            raise
+        finally:
+            for cb in req.on_finish:  # give back the media bytes the stage held
+                if inspect.isawaitable(r := cb(req)):
+                    await r
+        ms = (time.perf_counter() - t0) * 1000.0
+        part = req.media[0]
+        v = part.video
+        e = v.entry
+        src_n = engine_frames(e, rewriter.spec)
+        return _json({
+            "model": model, "rewritten": True, "outcome": v.outcome, "plan": e.plan, "states": e.states,
+            "before": {"width": e.src_width, "height": e.src_height, "bytes": src_len, "frames": src_n,
+                       "rate": str(Fraction(e.src_rate)), "tokens": v.before or None,
+                       "seconds": e.duration_s, "decoded_frames": e.decoded_frames},
+            "after": {"width": e.width, "height": e.height, "bytes": len(e.data), "frames": e.frames,
+                      "rate": str(Fraction(e.rate)), "tokens": v.after},
+            "tokens_saved": (v.before - v.after) if v.before else None,
+            "rewrite_ms": round(ms, 2), "cpu_s": e.cpu_s, "video": part.url,
+            "header": req.response_headers.get("x-vlm-gateway-video-1")})
+    return rewrite_video
+
