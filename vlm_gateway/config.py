@@ -13,6 +13,7 @@ and the CLI exits with status 2. ``docs/CONFIG.md`` is generated from this modul
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import types
 import typing
@@ -70,6 +71,50 @@ class BackendConfig:
     # Format of the load endpoint: prometheus (text), trtllm_json (trtllm-serve's /metrics
     # iteration statistics) or auto (by Content-Type, then by the body's shape).
     metrics_format: Literal["auto", "prometheus", "trtllm_json"] = "auto"
+
+
+@dataclass
+class DiscoveryConfig:
+    """Backends found at run time beside the static `backends` list, re-read without a restart:
+    a backend that appears is probed, scraped and routed to; one that disappears takes no new
+    requests and is removed once its in-flight requests finish (docs/DEPLOYMENT.md#backend-discovery)."""
+
+    # dns: the A/AAAA records of `dns_name` (a Kubernetes headless Service, Consul, round-robin DNS)
+    # on `port`; srv: the SRV records of `dns_name` (ports from the records); kubernetes: the
+    # ready endpoints of `service`'s EndpointSlices (needs the `kubernetes` extra).
+    kind: Literal["dns", "srv", "kubernetes"] = "dns"
+    # Name to resolve (dns, srv), e.g. vllm.llm.svc.cluster.local or _http._tcp.vllm.service.consul.
+    dns_name: str = ""
+    # Engine port of every address found (dns: A/AAAA records carry no port).
+    port: int = 0
+    # Re-resolve this often (dns, srv); a failed lookup keeps the last answer.
+    interval_s: float = 5.0
+    # DNS servers as host or host:port; empty = the system's (/etc/resolv.conf, search domains applied).
+    nameservers: list[str] = field(default_factory=list)
+    # Address records asked for (dns, and the targets of srv).
+    address_family: Literal["any", "ipv4", "ipv6"] = "any"
+    # kubernetes: the Service whose EndpointSlices list the engines.
+    service: str = ""
+    # kubernetes: its namespace; empty = the gateway pod's own.
+    namespace: str = ""
+    # kubernetes: the EndpointSlice port name to use; empty = the only (or first) port.
+    port_name: str = ""
+    # kubernetes: kubeconfig file; empty = the in-cluster service account, else ~/.kube/config.
+    kubeconfig: str = ""
+    # kubernetes: read each endpoint's Pod for its vlm-gateway.io/profile, /engine (label or
+    # annotation) and /models (annotation, comma-separated); needs `get` on pods.
+    read_pods: bool = True
+    # Every backend found: URL scheme and path (base URL = scheme://address:port + path).
+    scheme: Literal["http", "https"] = "http"
+    path: str = "/v1"
+    # Every backend found: as the same keys of `backends` (pod annotations override them).
+    engine: Literal["vllm", "trtllm", "sim", "openai"] = "openai"
+    profile: str = ""
+    models: list[str] = field(default_factory=list)
+    api_key: str = ""
+    metrics_format: Literal["auto", "prometheus", "trtllm_json"] = "auto"
+    # A backend that disappeared is closed once its requests finish, or after this long.
+    drain_timeout_s: float = 900.0
 
 
 @dataclass
@@ -252,6 +297,8 @@ class GatewayConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     backends: list[BackendConfig] = field(default_factory=list)
+    # Backend discovery (DNS, SRV, Kubernetes EndpointSlices) beside the static list.
+    discovery: list[DiscoveryConfig] = field(default_factory=list)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     images: ImagesConfig = field(default_factory=ImagesConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -385,6 +432,7 @@ def validate(cfg: GatewayConfig) -> None:
     for i, b in enumerate(cfg.backends):
         if not b.url.startswith(("http://", "https://")):
             raise ConfigError(f"backends[{i}].url: must be an http(s) URL, got {b.url!r}")
+    _validate_discovery(cfg.discovery)
     if cfg.images.grid_factor < 1 or cfg.images.max_long_side < cfg.images.grid_factor:
         raise ConfigError("images.max_long_side: must be >= images.grid_factor")
     if cfg.cache.semantic_threshold < 0.95 or cfg.cache.semantic_threshold > 1.0:
@@ -402,6 +450,32 @@ def validate(cfg: GatewayConfig) -> None:
     if cfg.auth.admin_key_sha256 and not _is_sha256(cfg.auth.admin_key_sha256):
         raise ConfigError("auth.admin_key_sha256: must be a 64-char sha256 hex digest (vlm-gateway hash-key KEY)")
     _validate_model_coordinates(cfg.images)
+
+
+def _validate_discovery(entries: list[DiscoveryConfig]) -> None:
+    for i, d in enumerate(entries):
+        key = f"discovery[{i}]"
+        if d.kind in ("dns", "srv") and not d.dns_name:
+            raise ConfigError(f"{key}.dns_name: required for kind {d.kind}")
+        if d.kind == "dns" and not 0 < d.port < 65536:
+            raise ConfigError(f"{key}.port: must be 1-65535 for kind dns, got {d.port}")
+        if d.kind == "kubernetes" and not d.service:
+            raise ConfigError(f"{key}.service: required for kind kubernetes")
+        if d.port and not 0 < d.port < 65536:
+            raise ConfigError(f"{key}.port: must be 1-65535, got {d.port}")
+        if d.interval_s <= 0 or d.drain_timeout_s < 0:
+            raise ConfigError(f"{key}.{'interval_s' if d.interval_s <= 0 else 'drain_timeout_s'}: must be positive")
+        if not d.path.startswith("/"):
+            raise ConfigError(f"{key}.path: must start with /, got {d.path!r}")
+        need = {"dns": ("dns", "dnspython", "dns"), "srv": ("dns", "dnspython", "dns"),
+                "kubernetes": ("kubernetes_asyncio", "kubernetes-asyncio", "kubernetes")}[d.kind]
+        if importlib.util.find_spec(need[0]) is None:
+            raise ConfigError(f"{key}.kind: {d.kind} discovery needs {need[1]} "
+                              f"(pip install 'vlm-gateway[{need[2]}]')")
+        for j, ns in enumerate(d.nameservers):
+            port = ns.rpartition("]:")[2] if ns.startswith("[") else ns.partition(":")[2] if ns.count(":") == 1 else ""
+            if port and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ConfigError(f"{key}.nameservers[{j}]: expected host or host:port, got {ns!r}")
 
 
 _COORDINATE_KEYS = {"coordinates": str, "map_coordinates": bool, "processor_min_pixels": int,

@@ -115,3 +115,28 @@ MEDIA_BYTES_IN_FLIGHT = _gauge("vlm_gateway_media_bytes_in_flight",
                                "Media bytes held for requests in flight (fetch buffers, decoded sources)")
 MEDIA_PARTS = Counter("vlm_gateway_media_parts_total", "Non-image media parts by kind and outcome",
                       ("kind", "outcome"))
+
+# Backend discovery: backends each source lists now, and membership changes.
+DISCOVERY_BACKENDS = _gauge("vlm_gateway_discovery_backends", "Backends a discovery source lists now",
+                            ("source",), mode="livemax")
+DISCOVERY_CHANGES = Counter("vlm_gateway_discovery_changes_total",
+                            "Backends added, drained (left their source) and removed (drained and idle)",
+                            ("source", "change"))
+DISCOVERY_ERRORS = Counter("vlm_gateway_discovery_errors_total",
+                           "Failed discovery lookups or watches (the last answer is kept)", ("source",))
+
+
+def forget_backend(name: str) -> None:
+    """Drop a removed backend's series, so that departed engines do not linger in the dashboard."""
+    for g in (BACKEND_HEALTHY, BACKEND_INFLIGHT, BACKEND_LOAD):
+        try:
+            g.remove(name)
+        except KeyError:
+            pass
+    for g, labels in ((BACKEND_STATE, ("closed", "open", "half_open", "down")),
+                      (ENGINE_METRIC, ("running", "waiting", "kv_usage", "prefix_hits", "prefix_queries"))):
+        for second in labels:
+            try:
+                g.remove(name, second)
+            except KeyError:
+                pass
