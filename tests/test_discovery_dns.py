@@ -10,91 +10,17 @@ probed and routed to; a DNS outage keeps the last list; an emptied name drains t
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
-import re
-import socket
-import subprocess
-import sys
-import time
 import uuid
 
 import httpx
 import openai
 import pytest
 
-from conftest import SIM_MODEL, Proc, until, wait_http
+from conftest import until
+from discovery_helpers import TOKENS, gateway, metric, port_free_on, served, sim_at, status, stream
 from dns_server import DnsServer
 
 pytestmark = pytest.mark.skipif(not DnsServer.available(), reason="dnsmasq is not installed (apt: dnsmasq-base)")
-
-ADMIN = "admin-" + uuid.uuid4().hex
-TOKENS = 40          # a stream lasts 2 s at 20 tokens/s
-
-
-class HostProc(Proc):
-    host: str = "127.0.0.1"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-
-def port_free_on(hosts: list[str]) -> int:
-    """A TCP port free on every one of ``hosts``."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((hosts[0], 0))
-            port = s.getsockname()[1]
-        try:
-            for h in hosts[1:]:
-                with socket.socket() as s:
-                    s.bind((h, port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no common free port")
-
-
-def sim_at(servers, host: str, port: int) -> HostProc:
-    log = os.path.join(servers.tmp, f"sim-{host}-{port}.log")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "vlm_gateway", "sim", "--host", host, "--port", str(port),
-                                 "--profile", "fast", "--echo", "--token-rate", "20", "--model", SIM_MODEL],
-                                stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    p = HostProc(proc, port, log, "sim")
-    p.host = host
-    servers.procs.append(p)
-    wait_http(f"http://{host}:{port}/health", proc, 30, log)
-    return p
-
-
-def status(gw) -> dict[str, dict]:
-    r = httpx.get(gw.url + "/admin/status", headers={"authorization": f"Bearer {ADMIN}"}, timeout=5)
-    assert r.status_code == 200, r.text
-    return {b["name"]: b for b in r.json()["backends"]}
-
-
-def served(sim: HostProc) -> int:
-    return len(sim.sim_requests())
-
-
-def metric(gw, name: str, **labels) -> float:
-    text = httpx.get(gw.url + "/metrics", timeout=5).text
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-def gateway(servers, entries: list[dict]) -> Proc:
-    cfg = {"discovery": entries, "routing": {"health_interval_s": 0.3, "policy": "least_loaded"},
-           "auth": {"admin_key_sha256": hashlib.sha256(ADMIN.encode()).hexdigest()}, "cache": {"enabled": False}}
-    return servers.gateway(cfg)
 
 
 @pytest.fixture
@@ -105,25 +31,6 @@ def dnsd(tmp_path):
         yield d
     finally:
         d.stop()
-
-
-async def stream(client: openai.AsyncOpenAI, tag: str) -> tuple[str, str, str]:
-    """(backend, text, finish_reason) of one streamed answer, read to its end."""
-    raw = await client.chat.completions.with_raw_response.create(
-        model=SIM_MODEL, messages=[{"role": "user", "content": tag}], max_tokens=TOKENS, stream=True)
-    backend = raw.headers.get("x-vlm-gateway-backend", "")
-    text, finish = [], ""
-    async for ch in raw.parse():
-        if ch.choices and ch.choices[0].delta.content:
-            text.append(ch.choices[0].delta.content)
-        if ch.choices and ch.choices[0].finish_reason:
-            finish = ch.choices[0].finish_reason
-    return backend, "".join(text), finish
-
-
-def complete(tag: str, text: str) -> bool:
-    words = text.split()
-    return bool(words) and words[0] == tag and len(words) == TOKENS
 
 
 async def test_a_records_that_change_move_traffic_and_drain_in_flight_streams(servers, dnsd):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 
 from ... import metrics
 from .slices import Endpoint, SliceSet
