@@ -327,7 +327,7 @@ def write(rows: list[dict], args, started: str) -> None:
         excess = r["rpm_ok"] - int(r["rpm_bound"])
         lines.append(f"| {r['offered']:g} | {r['replicas']} | {r['rpm_ok']} | {r['rpm_bound']:.1f} | {max(0, excess)} "
                      f"| {r['conc_ok']} | {args.streams} |")
-    lines += ["", f"Command: `python benchmarks/scale.py {' '.join(sys.argv[1:])}`".rstrip() + "` "
+    lines += ["", f"Command: `python benchmarks/scale.py {' '.join(sys.argv[1:])}`".rstrip() + " "
               f"({started}; this machine: {os.cpu_count()} cores, shared with other work "
               "while it ran; Python " + platform.python_version() + ").", "",
               "**Machine caveat.** Every process (engines, gateways, Redis and the load generator) shares the same "
