@@ -79,7 +79,7 @@ def write(rows: list[dict], count: int, seconds: float) -> None:
         n = r["n"]
         lines.append(f"| {n} | {r['leave']:.2%} | {1 / n:.2%} | {r['join']:.2%} | {1 / (n + 1):.2%} | "
                      f"{'yes' if r['minimal'] else 'NO'} | {r['mod_leave']:.1%} | {r['mod_join']:.1%} |")
-    lines += ["", "![share of conversations that move](affinity-churn.png)", "",
+    lines += ["", "Figure: `docs/benchmarks/affinity-churn.png` (written beside this page with matplotlib).", "",
               f"Command: `python benchmarks/affinity_churn.py --roots {count}` ({seconds:.1f} s; "
               f"{platform.python_implementation()} {platform.python_version()}, {time.strftime('%Y-%m-%d')}). "
               "Pure computation: no machine caveat. The test `tests/test_affinity_churn.py` asserts the same "
