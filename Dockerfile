@@ -6,7 +6,7 @@ WORKDIR /app
 
 COPY pyproject.toml README.md ./
 COPY vlm_gateway ./vlm_gateway
-RUN pip install . && useradd --system --uid 10001 gateway
+RUN pip install '.[dns,kubernetes]' && useradd --system --uid 10001 gateway
 
 USER gateway
 EXPOSE 8080

@@ -17,6 +17,8 @@ PAGES = [("summary.md", None), ("overhead.md", "Gateway overhead (vs LiteLLM's p
          ("grounding.md", "Grounding (coordinates in the client's frame)"),
          ("cache.md", "Response caches (L3)"), ("routing.md", "Routing policies (simulated H200 pool)"),
          ("simulator.md", "Simulator calibration"), ("soak.md", "Soak"),
+         ("discovery.md", "Backend discovery: affinity under membership changes"),
+         ("scale.md", "Gateway replicas (scale)"),
          ("observability.md", "Observability costs"), ("ecosystem.md", "Ecosystem"),
          ("hardening.md", "Hardening guards")]
 

@@ -18,7 +18,8 @@ from vlm_gateway.config import ConfigError, GatewayConfig, load_config
 
 SHA = "ab" * 32
 # the smallest valid entry of each list of sections, for setting one key inside it
-ENTRY = {"backends": {"url": "http://gpu1:8000/v1"}, "auth.tenants": {"name": "t", "key_sha256": SHA}}
+ENTRY = {"backends": {"url": "http://gpu1:8000/v1"}, "auth.tenants": {"name": "t", "key_sha256": SHA},
+         "discovery": {"kind": "dns", "dns_name": "vllm.example.internal", "port": 8000}}
 
 # key -> a wrong value of the right type (the error must name this key)
 BAD: dict[str, typing.Any] = {
@@ -124,6 +125,47 @@ BAD: dict[str, typing.Any] = {
     "limits.max_media_bytes_in_flight": -1,
     "backends[].metrics_format": "json",
     "images.coordinates": "qwen4",
+    "discovery[].kind": "consul",
+    "discovery[].dns_name": "not a name!",
+    "discovery[].port": 70000,
+    "discovery[].interval_s": 0,
+    "discovery[].nameservers": ["10.0.0.1:99999"],
+    "discovery[].address_family": "ipv5",
+    "discovery[].service": "Bad_Service",
+    "discovery[].namespace": "Bad_NS",
+    "discovery[].port_name": "a-port-name-too-long",
+    "discovery[].kubeconfig": "/nonexistent/kubeconfig",
+    "discovery[].scheme": "ftp",
+    "discovery[].path": "v1",
+    "discovery[].engine": "tgi",
+    "discovery[].profile": "nope",
+    "discovery[].models": [""],
+    "discovery[].api_key": "key\nwith newline",
+    "discovery[].metrics_format": "json",
+    "discovery[].drain_timeout_s": -1,
+    "video.fps": 0,
+    "video.max_frames": 1,
+    "video.min_fps": 0,
+    "video.dedupe_pixel_delta": 300,
+    "video.dedupe_changed_fraction": 1.5,
+    "video.plan": "best",
+    "video.max_long_side": 16,
+    "video.crf": 60,
+    "video.max_duration_s": 0,
+    "video.max_source_frames": 0,
+    "video.max_frame_pixels": 0,
+    "video.max_decoded_pixels": 0,
+    "video.max_decode_s": 0,
+    "video.pool_workers": -1,
+    "video.decode_threads": 0,
+    "video.max_queue": -1,
+    "video.l1_max_bytes": -1,
+    "video.l1_redis_ttl_s": -1,
+    "video.tokenizer": "/nonexistent/tokenizer.json",
+    "video.engine_fps": 0,
+    "video.engine_max_frames": 0,
+    "video.engine_max_pixels": 0,
+    "video.engine_min_pixels": 0,
     "simulator.profile": "nope",
     "simulator.time_scale": 0,
     "profiles": {"mine": {"engine": "tgi"}},
@@ -134,7 +176,8 @@ BAD: dict[str, typing.Any] = {
 NO_WRONG_VALUE = {"server.ui", "images.enabled", "images.allow_private_networks", "images.trim_borders",
                   "cache.enabled", "cache.normalized", "cache.semantic", "cache.client_control",
                   "cache.semantic_guard", "images.allow_image_embeds", "images.map_coordinates",
-                  "auth.tenants[].map_coordinates", "limits.allow_media_kwargs"}
+                  "auth.tenants[].map_coordinates", "limits.allow_media_kwargs", "discovery[].read_pods",
+                  "video.enabled", "video.dedupe"}
 
 
 def model_keys(cls: type = GatewayConfig, path: str = "") -> list[str]:

@@ -98,7 +98,8 @@ def test_timestamp_text_counted_with_the_served_tokenizer(tmp_path):
 
 
 @pytest.mark.parametrize("video,msg", [
-    ({"fps": 4.0}, "video.fps: must be > 0 and <= video.engine_fps"),
+    ({"fps": 4.0}, "video.fps: must be <= video.engine_fps"),
+    ({"fps": 0.0}, "video.fps: must be > 0"),
     ({"min_fps": 3.0}, "video.min_fps"),
     ({"max_frames": 1}, "video.max_frames"),
     ({"max_long_side": 8}, "video.max_long_side"),

@@ -71,7 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"vlm-gateway: config error: {_one_line(str(e))}", file=sys.stderr)
         return 2
     _setup_logging(cfg.server.log_level, cfg.server.log_format)
-    if not cfg.backends:
+    if not cfg.backends and not cfg.discovery:
         from .backends.sim.embedded import start_in_thread
         from .backends.sim.profiles import get_profile
         prof = get_profile(cfg.simulator.profile, time_scale=cfg.simulator.time_scale)
@@ -93,6 +93,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log.info("vlm-gateway %s listening on http://%s:%d (%d worker%s, %d backend%s, up to %d client connections "
              "per worker)", __version__, cfg.server.host, cfg.server.port, cfg.server.workers,
              "s" if cfg.server.workers > 1 else "", len(cfg.backends), "s" if len(cfg.backends) > 1 else "", cap)
+    if cfg.discovery:
+        log.info("backend discovery: %s", ", ".join(f"{d.kind} {d.dns_name or d.service}" for d in cfg.discovery))
     # uvicorn's httptools protocol plus header/body deadlines and the connection cap
     uvicorn.run("vlm_gateway.proxy.app:create_app", factory=True, host=cfg.server.host, port=cfg.server.port,
                 workers=cfg.server.workers, log_level="warning", access_log=False, loop="uvloop",

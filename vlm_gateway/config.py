@@ -13,6 +13,7 @@ and the CLI exits with status 2. ``docs/CONFIG.md`` is generated from this modul
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import types
 import typing
@@ -109,6 +110,50 @@ class BackendConfig:
     # Format of the load endpoint: prometheus (text), trtllm_json (trtllm-serve's /metrics
     # iteration statistics) or auto (by Content-Type, then by the body's shape).
     metrics_format: Literal["auto", "prometheus", "trtllm_json"] = "auto"
+
+
+@dataclass
+class DiscoveryConfig:
+    """Backends found at run time beside the static `backends` list, re-read without a restart:
+    a backend that appears is probed, scraped and routed to; one that disappears takes no new
+    requests and is removed once its in-flight requests finish (docs/DEPLOYMENT.md#backend-discovery)."""
+
+    # dns: the A/AAAA records of `dns_name` (a Kubernetes headless Service, Consul, round-robin DNS)
+    # on `port`; srv: the SRV records of `dns_name` (ports from the records); kubernetes: the
+    # ready endpoints of `service`'s EndpointSlices (needs the `kubernetes` extra).
+    kind: Literal["dns", "srv", "kubernetes"] = "dns"
+    # Name to resolve (dns, srv), e.g. vllm.llm.svc.cluster.local or _http._tcp.vllm.service.consul.
+    dns_name: str = ""
+    # Engine port of every address found (dns: A/AAAA records carry no port).
+    port: int = 0
+    # Re-resolve this often (dns, srv); a failed lookup keeps the last answer.
+    interval_s: float = 5.0
+    # DNS servers as host or host:port; empty = the system's (/etc/resolv.conf, search domains applied).
+    nameservers: list[str] = field(default_factory=list)
+    # Address records asked for (dns, and the targets of srv).
+    address_family: Literal["any", "ipv4", "ipv6"] = "any"
+    # kubernetes: the Service whose EndpointSlices list the engines.
+    service: str = ""
+    # kubernetes: its namespace; empty = the gateway pod's own.
+    namespace: str = ""
+    # kubernetes: the EndpointSlice port name to use; empty = the only (or first) port.
+    port_name: str = ""
+    # kubernetes: kubeconfig file; empty = the in-cluster service account, else ~/.kube/config.
+    kubeconfig: str = ""
+    # kubernetes: read each endpoint's Pod for its vlm-gateway.io/profile, /engine (label or
+    # annotation) and /models (annotation, comma-separated); needs `get` on pods.
+    read_pods: bool = True
+    # Every backend found: URL scheme and path (base URL = scheme://address:port + path).
+    scheme: Literal["http", "https"] = "http"
+    path: str = "/v1"
+    # Every backend found: as the same keys of `backends` (pod annotations override them).
+    engine: Literal["vllm", "trtllm", "sim", "openai"] = "openai"
+    profile: str = ""
+    models: list[str] = field(default_factory=list)
+    api_key: str = ""
+    metrics_format: Literal["auto", "prometheus", "trtllm_json"] = "auto"
+    # A backend that disappeared is closed once its requests finish, or after this long.
+    drain_timeout_s: float = 900.0
 
 
 @dataclass
@@ -354,6 +399,8 @@ class GatewayConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     backends: list[BackendConfig] = field(default_factory=list)
+    # Backend discovery (DNS, SRV, Kubernetes EndpointSlices) beside the static list.
+    discovery: list[DiscoveryConfig] = field(default_factory=list)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     images: ImagesConfig = field(default_factory=ImagesConfig)
     video: VideoConfig = field(default_factory=VideoConfig)
@@ -488,35 +535,34 @@ def validate(cfg: GatewayConfig) -> None:
     keys that depend on each other (``config_values.py``)."""
     from .config_values import check
     check(cfg)
+    _validate_discovery(cfg.discovery)
     _validate_model_coordinates(cfg.images)
     _validate_video(cfg.video)
 
 
 def _validate_video(v: VideoConfig) -> None:
-    if not 0 < v.fps <= v.engine_fps:
-        raise ConfigError(f"video.fps: must be > 0 and <= video.engine_fps ({v.engine_fps:g}), got {v.fps:g}")
-    if not 0 < v.min_fps <= v.fps:
-        raise ConfigError(f"video.min_fps: must be > 0 and <= video.fps ({v.fps:g}), got {v.min_fps:g}")
-    if v.max_frames < 2:
-        raise ConfigError("video.max_frames: must be >= 2")
-    if v.max_long_side and v.max_long_side < 32:
-        raise ConfigError("video.max_long_side: must be 0 (the image budget) or >= 32")
-    if not 0 <= v.crf <= 51:
-        raise ConfigError("video.crf: must be within 0-51")
-    if not 0 <= v.dedupe_pixel_delta <= 255:
-        raise ConfigError("video.dedupe_pixel_delta: must be within 0-255")
-    if not 0 <= v.dedupe_changed_fraction < 1:
-        raise ConfigError("video.dedupe_changed_fraction: must be within [0, 1)")
-    for k in ("max_duration_s", "max_source_frames", "max_frame_pixels", "max_decoded_pixels", "max_decode_s",
-              "engine_fps", "engine_max_frames", "engine_max_pixels", "engine_min_pixels"):
-        if getattr(v, k) <= 0:
-            raise ConfigError(f"video.{k}: must be > 0")
-    if not 1 <= v.decode_threads <= 16:
-        raise ConfigError("video.decode_threads: must be within 1-16")
-    if v.pool_workers < 0 or v.max_queue < 0 or v.l1_max_bytes < 0:
-        raise ConfigError("video.pool_workers, video.max_queue and video.l1_max_bytes: must be >= 0")
-    if v.tokenizer and not os.path.isfile(v.tokenizer):
-        raise ConfigError(f"video.tokenizer: no such file {v.tokenizer!r} (the served model's tokenizer.json)")
+    """Relations between video keys (each key's own range is in config_values.RULES)."""
+    if v.fps > v.engine_fps:
+        raise ConfigError(f"video.fps: must be <= video.engine_fps ({v.engine_fps:g}), got {v.fps:g}")
+    if v.min_fps > v.fps:
+        raise ConfigError(f"video.min_fps: must be <= video.fps ({v.fps:g}), got {v.min_fps:g}")
+
+
+def _validate_discovery(entries: list[DiscoveryConfig]) -> None:
+    """What each discovery kind needs (each key's own form is in config_values.RULES)."""
+    for i, d in enumerate(entries):
+        key = f"discovery[{i}]"
+        if d.kind in ("dns", "srv") and not d.dns_name:
+            raise ConfigError(f"{key}.dns_name: required for kind {d.kind}")
+        if d.kind == "dns" and not 0 < d.port < 65536:
+            raise ConfigError(f"{key}.port: must be 1-65535 for kind dns, got {d.port}")
+        if d.kind == "kubernetes" and not d.service:
+            raise ConfigError(f"{key}.service: required for kind kubernetes")
+        need = {"dns": ("dns", "dnspython", "dns"), "srv": ("dns", "dnspython", "dns"),
+                "kubernetes": ("kubernetes_asyncio", "kubernetes-asyncio", "kubernetes")}[d.kind]
+        if importlib.util.find_spec(need[0]) is None:
+            raise ConfigError(f"{key}.kind: {d.kind} discovery needs {need[1]} "
+                              f"(pip install 'vlm-gateway[{need[2]}]')")
 
 
 _COORDINATE_KEYS = {"coordinates": str, "map_coordinates": bool, "processor_min_pixels": int,

@@ -213,6 +213,44 @@ def sim_profile(v: str, cfg) -> str | None:
     return None if v in names else f"unknown simulator profile {v!r}; known: {', '.join(names)}"
 
 
+_K8S_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")   # DNS-1035 label (Service, port name)
+_K8S_NS = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")     # DNS-1123 label (namespace)
+
+
+def k8s_name(pattern: "re.Pattern[str]", max_len: int = 63) -> Rule:
+    def check(v: str, cfg) -> str | None:
+        if v == "" or (len(v) <= max_len and pattern.match(v)):
+            return None
+        return f"not a valid Kubernetes name (lower-case letters, digits and '-', at most {max_len}), got {v!r}"
+    return check
+
+
+def dns_name(v: str, cfg) -> str | None:
+    name = v.rstrip(".")
+    if v == "" or is_hostname(name):
+        return None
+    return f"expected a DNS name, got {v!r}"
+
+
+def nameserver(v: str, cfg) -> str | None:
+    if v.startswith("["):
+        hostpart, _, port = v[1:].partition("]")
+        port = port[1:] if port.startswith(":") else port
+    elif v.count(":") == 1:
+        hostpart, _, port = v.partition(":")
+    else:
+        hostpart, port = v, ""
+    if (is_ip(hostpart) or is_hostname(hostpart)) and (not port or (port.isdigit() and 0 < int(port) < 65536)):
+        return None
+    return f"expected host or host:port, got {v!r}"
+
+
+def existing_file(what: str) -> Rule:
+    def check(v: str, cfg) -> str | None:
+        return None if v == "" or os.path.isfile(v) else f"no such file {v!r} ({what})"
+    return check
+
+
 def gpu_profiles(v: dict, cfg) -> str | None:
     from .backends.profiles import load_profiles
     load_profiles(v)  # raises ConfigError naming profiles.<name>.<key>
@@ -305,6 +343,36 @@ RULES: dict[str, Rule] = {
     "simulator.time_scale": above(0),
     "profiles": gpu_profiles,
     "redis_url": redis_url,
+    "discovery[].dns_name": dns_name,
+    "discovery[].port": within(0, 65535),
+    "discovery[].interval_s": above(0),
+    "discovery[].nameservers": each(nameserver),
+    "discovery[].service": k8s_name(_K8S_NAME),
+    "discovery[].namespace": k8s_name(_K8S_NS),
+    "discovery[].port_name": k8s_name(_K8S_NAME, 15),
+    "discovery[].kubeconfig": existing_file("a kubeconfig"),
+    "discovery[].path": lambda v, c: None if v.startswith("/") else f"must start with /, got {v!r}",
+    "discovery[].profile": gpu_profile,
+    "discovery[].models": non_empty_names,
+    "discovery[].api_key": header_safe,
+    "video.fps": above(0),
+    "video.min_fps": above(0),
+    "video.max_frames": at_least(2),
+    "video.max_long_side": lambda v, c: None if v == 0 or v >= 32 else f"must be 0 (the image budget) or >= 32, got {v}",
+    "video.crf": within(0, 51),
+    "video.dedupe_pixel_delta": within(0, 255),
+    "video.dedupe_changed_fraction": lambda v, c: None if 0 <= v < 1 else f"must be within [0, 1), got {v:g}",
+    "video.max_duration_s": above(0),
+    "video.max_source_frames": above(0),
+    "video.max_frame_pixels": above(0),
+    "video.max_decoded_pixels": above(0),
+    "video.max_decode_s": above(0),
+    "video.decode_threads": within(1, 16),
+    "video.tokenizer": existing_file("the served model's tokenizer.json"),
+    "video.engine_fps": above(0),
+    "video.engine_max_frames": above(0),
+    "video.engine_max_pixels": above(0),
+    "video.engine_min_pixels": above(0),
     "redis_prefix": lambda v, c: None if _prefix_ok(v) else
     "1-64 letters, digits, '_', '.' or '-' (no ':', no glob characters), got " + repr(v),
 }
@@ -317,6 +385,12 @@ FREE: dict[str, str] = {
     "images.url_mode": "a Literal",
     "images.resample": "a Literal",
     "cache.mode": "a Literal",
+    "discovery[].kind": "a Literal",
+    "discovery[].address_family": "a Literal",
+    "discovery[].scheme": "a Literal",
+    "discovery[].engine": "a Literal",
+    "discovery[].metrics_format": "a Literal",
+    "video.plan": "a Literal",
 }
 
 

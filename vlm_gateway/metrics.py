@@ -131,3 +131,28 @@ VIDEO_REWRITE_SECONDS = Histogram("vlm_gateway_video_rewrite_seconds",
 VIDEO_REWRITE_CPU = Counter("vlm_gateway_video_rewrite_cpu_seconds_total",
                             "CPU seconds of video rewrites (the decode thread's)")
 VIDEO_SECONDS = Counter("vlm_gateway_video_source_seconds_total", "Seconds of source video rewritten")
+
+# Backend discovery: backends each source lists now, and membership changes.
+DISCOVERY_BACKENDS = _gauge("vlm_gateway_discovery_backends", "Backends a discovery source lists now",
+                            ("source",), mode="livemax")
+DISCOVERY_CHANGES = Counter("vlm_gateway_discovery_changes_total",
+                            "Backends added, drained (left their source) and removed (drained and idle)",
+                            ("source", "change"))
+DISCOVERY_ERRORS = Counter("vlm_gateway_discovery_errors_total",
+                           "Failed discovery lookups or watches (the last answer is kept)", ("source",))
+
+
+def forget_backend(name: str) -> None:
+    """Drop a removed backend's series, so that departed engines do not linger in the dashboard."""
+    for g in (BACKEND_HEALTHY, BACKEND_INFLIGHT, BACKEND_LOAD):
+        try:
+            g.remove(name)
+        except KeyError:
+            pass
+    for g, labels in ((BACKEND_STATE, ("closed", "open", "half_open", "down")),
+                      (ENGINE_METRIC, ("running", "waiting", "kv_usage", "prefix_hits", "prefix_queries"))):
+        for second in labels:
+            try:
+                g.remove(name, second)
+            except KeyError:
+                pass

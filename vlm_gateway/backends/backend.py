@@ -31,6 +31,8 @@ class Backend:
     ejections: int = 0
     # Set by an operator (POST /admin/backends/{name}/drain): no new requests, in-flight ones finish.
     drained: bool = False
+    # Set by discovery when the backend left its source: no new requests, removed once idle.
+    departing: bool = False
     # scraped engine load (running, waiting, kv_usage, prefix hits/queries)
     engine_load: dict[str, float] = field(default_factory=dict)
     scraped_at: float = 0.0
@@ -64,7 +66,7 @@ class Backend:
 
     @property
     def available(self) -> bool:
-        return self.healthy and not self.drained and time.monotonic() >= self.ejected_until
+        return self.healthy and not self.drained and not self.departing and time.monotonic() >= self.ejected_until
 
     async def start(self, cfg: UpstreamConfig) -> None:
         connector = aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=cfg.max_connections,

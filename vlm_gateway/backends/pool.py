@@ -14,6 +14,10 @@ Load: each engine's load endpoint is scraped every ``routing.scrape_interval_s``
 ``/metrics`` answers late while the engine is busy) delays no other backend's figures;
 ``router.least_loaded.load`` turns them into the normalised load the policies rank by.
 
+Membership: the static ``backends`` are there from the start; discovery
+(``discovery/``) calls ``add`` for a backend that appeared (started, probed, scraped
+like the others) and ``remove`` for one that left, once its in-flight requests ended.
+
 Admission: the profile filter (``admission.ProfileFilter``) drops backends that
 cannot take the request; a backend whose in-flight count reached its profile's
 ``max_num_seqs`` is full; when every candidate is full the request waits in
@@ -77,6 +81,7 @@ class Pool:
         r = cfg.routing
         self.slots = Slots(r.queue_timeout_s, r.max_queue)
         self._tasks: list[asyncio.Task] = []
+        self._scrapers: dict[Backend, asyncio.Task] = {}
         for bc, b in zip(cfg.backends, backends):
             if bc.profile and not b.profile:
                 log.error("backend %s names GPU profile %r, which is not defined (backends/profiles.yaml or "
@@ -89,13 +94,39 @@ class Pool:
         await asyncio.gather(*(self.probe(b) for b in self.backends))
         self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
         for b in self.backends:
-            if b.scrape_state.sources:
-                self._tasks.append(asyncio.create_task(self._scrape_loop(b), name=f"scrape-{b.name}"))
+            self._start_scraper(b)
+
+    def _start_scraper(self, b: Backend) -> None:
+        if b.scrape_state.sources:
+            self._scrapers[b] = asyncio.create_task(self._scrape_loop(b), name=f"scrape-{b.name}")
+
+    async def add(self, b: Backend) -> None:
+        """Admit a backend found at run time: routed to once its first probe succeeds."""
+        await b.start(self.cfg.upstream)
+        b.healthy = False
+        await self.probe(b)
+        self.backends.append(b)
+        self._refresh_known_models()
+        self._start_scraper(b)
+
+    async def remove(self, b: Backend) -> None:
+        """Forget a backend (discovery: it left and its in-flight requests ended)."""
+        task = self._scrapers.pop(b, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if b in self.backends:
+            self.backends.remove(b)
+        self._refresh_known_models()
+        await b.close()
+        if not any(x.name == b.name for x in self.backends):
+            metrics.forget_backend(b.name)
 
     async def close(self) -> None:
-        for t in self._tasks:
+        tasks = self._tasks + list(self._scrapers.values())
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             try:
                 await t
             except (asyncio.CancelledError, Exception):

@@ -1,7 +1,8 @@
 """Operational endpoints under ``/admin``, guarded by the admin key
 (``auth.admin_key_sha256``; without one they answer 403):
 
-- ``GET /admin/status``: backends with health, drain state, in-flight count;
+- ``GET /admin/status``: backends with health, drain state (``departing``: discovery saw it
+  leave), in-flight count;
 - ``POST /admin/backends/{name}/drain`` / ``undrain``: stop / resume sending new
   requests to a backend (in-flight ones finish);
 - ``POST /admin/cache/flush``: run the flush hooks the cache modules registered in
@@ -51,7 +52,8 @@ def _backend(gw, name: str):
 
 
 def _describe(b) -> dict:
-    return {"name": b.name, "healthy": b.healthy, "drained": b.drained, "available": b.available,
+    return {"name": b.name, "healthy": b.healthy, "drained": b.drained, "departing": b.departing,
+            "available": b.available,
             "inflight": b.inflight, "models": sorted(b.models)}
 
 

@@ -26,6 +26,10 @@ class Gateway:
         profiles = load_profiles(cfg.profiles)
         backends = [Backend.from_config(b, i, profiles.get(b.profile)) for i, b in enumerate(cfg.backends)]
         self.pool = Pool(cfg, backends)
+        self.discovery = None
+        if cfg.discovery:
+            from ..backends.discovery.reconcile import Reconciler
+            self.discovery = Reconciler(cfg, self.pool)
         self.relay = Relay(self)
         self.stages: list[Stage] = []
         self.closers: list = []
@@ -40,6 +44,8 @@ class Gateway:
 
     async def start(self) -> None:
         await self.pool.start()
+        if self.discovery is not None:
+            await self.discovery.start()
         from ..middleware import chain
         await chain.start(self)
 
@@ -49,6 +55,8 @@ class Gateway:
                 await c()
             except Exception:  # pragma: no cover - best effort on shutdown
                 log.exception("error while closing")
+        if self.discovery is not None:
+            await self.discovery.close()
         await self.pool.close()
 
     def response_headers(self, req: "ChatRequest", content_type: bytes) -> list[tuple[bytes, bytes]]:
