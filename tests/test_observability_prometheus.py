@@ -24,6 +24,7 @@ import yaml
 from conftest import SIM_MODEL, free_port, wait_http
 from images import data_uri, image_bytes
 from vlm_gateway.middleware.images import corpus
+from vlm_gateway.middleware.video import corpus as video_corpus
 from test_security_support import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,6 +97,13 @@ def _load(gw_url: str, sims) -> int:
             messages=[{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": window}},
                 {"type": "text", "text": '{"point_2d": [500, 500]}'}]}])
+        sent += 1
+        clip = video_corpus.motion_clip(1, 160, 96, 10, seed=rnd)  # a new clip each round: rewritten
+        client.chat.completions.create(
+            model=SIM_MODEL, max_tokens=4, temperature=0.7,
+            messages=[{"role": "user", "content": [
+                {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(clip).decode()}},
+                {"type": "text", "text": "what happens?"}]}])
         sent += 1
         # errors the dashboard shows: 400, 404, 413, 429, and a retried upstream 5xx
         with pytest.raises(openai.BadRequestError):
