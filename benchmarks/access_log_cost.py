@@ -17,7 +17,7 @@ import time
 
 from vlm_gateway.logs import JsonFormatter, TextFormatter
 from vlm_gateway.proxy.asgi.access_log import AccessLogMiddleware
-from vlm_gateway.proxy.request import ImagePart, parse_chat
+from vlm_gateway.core.request import ImagePart, parse_chat
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
 RAW = (b'{"model":"qwen3vl-sim","max_tokens":8,"messages":[{"role":"user","content":[{"type":"text",'

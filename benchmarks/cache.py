@@ -47,9 +47,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from overhead import ensure_wrk, free_port, run_wrk, start, stop, wait_url  # noqa: E402
 
 from vlm_gateway.config import CacheConfig, GatewayConfig  # noqa: E402
-from vlm_gateway.middleware.cache import guard  # noqa: E402
-from vlm_gateway.middleware.cache.stage import ResponseCache  # noqa: E402
-from vlm_gateway.proxy.request import parse_chat  # noqa: E402
+from vlm_gateway.stages.cache import guard  # noqa: E402
+from vlm_gateway.stages.cache.stage import ResponseCache  # noqa: E402
+from vlm_gateway.core.request import parse_chat  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -127,8 +127,8 @@ QUESTIONS = [json.loads(line) for line in open(ROOT / "tests" / "data" / "semant
 
 
 def semantic_bench(sizes: list[int], n: int) -> dict:
-    from vlm_gateway.middleware.cache.embedder import shared_embedder
-    from vlm_gateway.middleware.cache.semantic import Entry, SemanticCache, SemanticIndex
+    from vlm_gateway.stages.cache.embedder import shared_embedder
+    from vlm_gateway.stages.cache.semantic import Entry, SemanticCache, SemanticIndex
     _one_thread()
     emb = shared_embedder()
     qs = list(dict.fromkeys([p["a"] for p in QUESTIONS] + [p["b"] for p in QUESTIONS]))
@@ -194,7 +194,7 @@ def semantic_bench(sizes: list[int], n: int) -> dict:
 # -- 3. quality ---------------------------------------------------------------------------
 def quality_table() -> list[dict]:
     from test_cache_semantic import _Memo, evaluate
-    from vlm_gateway.middleware.cache.embedder import shared_embedder
+    from vlm_gateway.stages.cache.embedder import shared_embedder
     emb = _Memo(shared_embedder())
     rows = []
     for th in (0.95, 0.96, 0.97, 0.98, 0.99):

@@ -51,8 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vlm_gateway.backends.sim.grounding import MARKERS, answer_for, desktop, model_frame  # noqa: E402
-from vlm_gateway.middleware.images.policy import Policy  # noqa: E402
-from vlm_gateway.middleware.images.rewrite import rewrite_bytes  # noqa: E402
+from vlm_gateway.stages.images.policy import Policy  # noqa: E402
+from vlm_gateway.stages.images.rewrite import rewrite_bytes  # noqa: E402
 
 MODELS = {"qwen3-vl": "qwen3vl-sim", "qwen2.5-vl": "qwen2.5-vl-sim"}
 SCREENS = [(1366, 768), (1920, 1080), (1920, 1200), (2560, 1440), (3840, 2160), (1280, 800)]
@@ -306,10 +306,10 @@ async def _serve(port: int, bodies: dict[str, bytes]) -> None:
 
 
 def overhead(args) -> None:
-    from vlm_gateway.middleware.grounding.frames import Frame, image_map
-    from vlm_gateway.middleware.grounding.conventions import BUILTIN
-    from vlm_gateway.middleware.grounding.response import StreamTransform
-    from vlm_gateway.middleware.grounding.text import Attribution, Mapper
+    from vlm_gateway.stages.grounding.frames import Frame, image_map
+    from vlm_gateway.stages.grounding.conventions import BUILTIN
+    from vlm_gateway.stages.grounding.response import StreamTransform
+    from vlm_gateway.stages.grounding.text import Attribution, Mapper
 
     png = _screenshot()
     answers = _answers(png)

@@ -33,11 +33,11 @@ from PIL import Image
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from vlm_gateway.middleware.images import Policy, corpus as C  # noqa: E402
-from vlm_gateway.middleware.images.decode import probe  # noqa: E402
-from vlm_gateway.middleware.images.quality import lanczos_reference, psnr  # noqa: E402
-from vlm_gateway.middleware.images.rewrite import rewrite  # noqa: E402
-from vlm_gateway.middleware.images.source import content_hash  # noqa: E402
+from vlm_gateway.stages.images import Policy, corpus as C  # noqa: E402
+from vlm_gateway.stages.images.decode import probe  # noqa: E402
+from vlm_gateway.stages.images.quality import lanczos_reference, psnr  # noqa: E402
+from vlm_gateway.stages.images.rewrite import rewrite  # noqa: E402
+from vlm_gateway.stages.images.source import content_hash  # noqa: E402
 
 
 def naive(data: bytes, size: tuple[int, int]) -> bytes:
@@ -81,7 +81,7 @@ def part1(reps: int) -> list[str]:
         full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
         # reference: the same content box the gateway kept (trim) at the gateway's output size
         if r0.trimmed:
-            from vlm_gateway.middleware.images.trim import content_box
+            from vlm_gateway.stages.images.trim import content_box
             box = content_box(Image.fromarray(full), Policy().trim_tolerance)
             full = full[box[1]:box[3], box[0]:box[2]]
         size = (r0.width, r0.height)
@@ -164,7 +164,7 @@ def part2(seconds: float) -> list[str]:
 def part3(reps: int) -> list[str]:
     from PIL import Image as PILImage
 
-    from vlm_gateway.middleware.images.decode import HEIF
+    from vlm_gateway.stages.images.decode import HEIF
     photo = PILImage.fromarray(C.photo_array(768, 512))
     within = [("JPEG q90", C.save(photo, "JPEG", quality=90)), ("PNG photo", C.save(photo, "PNG")),
               ("PNG screenshot", C.screenshot_png(768, 512, (40, 20))), ("WebP q90", C.save(photo, "WEBP", quality=90)),

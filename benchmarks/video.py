@@ -23,9 +23,9 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vlm_gateway.middleware.video import corpus  # noqa: E402
-from vlm_gateway.middleware.video.rewrite import rewrite_video  # noqa: E402
-from vlm_gateway.middleware.video.settings import VideoSettings  # noqa: E402
+from vlm_gateway.stages.video import corpus  # noqa: E402
+from vlm_gateway.stages.video.rewrite import rewrite_video  # noqa: E402
+from vlm_gateway.stages.video.settings import VideoSettings  # noqa: E402
 
 
 def clips(cache: Path) -> dict[str, tuple[bytes, float]]:

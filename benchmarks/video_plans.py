@@ -27,10 +27,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vlm_gateway import video_tokens as vt  # noqa: E402
-from vlm_gateway.middleware.video import corpus, dedupe  # noqa: E402
-from vlm_gateway.middleware.video.plan import plan_frames, plan_groups  # noqa: E402
-from vlm_gateway.middleware.video.rewrite import rewrite_video  # noqa: E402
-from vlm_gateway.middleware.video.settings import VideoSettings  # noqa: E402
+from vlm_gateway.stages.video import corpus, dedupe  # noqa: E402
+from vlm_gateway.stages.video.plan import plan_frames, plan_groups  # noqa: E402
+from vlm_gateway.stages.video.rewrite import rewrite_video  # noqa: E402
+from vlm_gateway.stages.video.settings import VideoSettings  # noqa: E402
 
 SECONDS, W, H, FPS = 60, 1920, 1080, 30
 

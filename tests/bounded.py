@@ -56,8 +56,8 @@ def _reset_peak() -> bool:
 
 
 def run_case(data: bytes, as_mb: int, cpu_s: int, max_pixels: int) -> dict:
-    from vlm_gateway.middleware.images.decode import ImageError
-    from vlm_gateway.middleware.images.rewrite import rewrite_bytes
+    from vlm_gateway.stages.images.decode import ImageError
+    from vlm_gateway.stages.images.rewrite import rewrite_bytes
 
     base_rss = _rss_kb()
     r, w = os.pipe()
@@ -108,8 +108,8 @@ def main() -> None:
     ap.add_argument("--max-pixels", type=int, default=64_000_000)
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
-    from vlm_gateway.middleware.images import corpus as C
-    from vlm_gateway.middleware.images.rewrite import rewrite_bytes
+    from vlm_gateway.stages.images import corpus as C
+    from vlm_gateway.stages.images.rewrite import rewrite_bytes
     rewrite_bytes(C.photo_jpeg(64, 64))  # warm the imports and plugins before forking
     for name, (data, codes) in C.hostile().items():
         if a.names and name not in a.names:

@@ -8,12 +8,12 @@ import orjson
 import pytest
 
 from vlm_gateway.config import CacheConfig
-from vlm_gateway.middleware.cache import guard
-from vlm_gateway.middleware.cache.keys import build_keys
-from vlm_gateway.middleware.cache.normalize import normalize_question
-from vlm_gateway.middleware.cache.policy import decide, storable
-from vlm_gateway.middleware.cache.store import LocalStore, TieredStore
-from vlm_gateway.proxy.request import parse_chat
+from vlm_gateway.stages.cache import guard
+from vlm_gateway.stages.cache.keys import build_keys
+from vlm_gateway.stages.cache.normalize import normalize_question
+from vlm_gateway.stages.cache.policy import decide, storable
+from vlm_gateway.stages.cache.store import LocalStore, TieredStore
+from vlm_gateway.core.request import parse_chat
 
 
 def chat(messages, headers=None, scope="anonymous", hashes=None, **params):

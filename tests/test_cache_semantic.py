@@ -13,11 +13,11 @@ import orjson
 import pytest
 
 from vlm_gateway.config import CacheConfig
-from vlm_gateway.middleware.cache.embedder import shared_embedder
-from vlm_gateway.middleware.cache.keys import build_keys
-from vlm_gateway.middleware.cache.semantic import Entry, SemanticCache, SemanticIndex
-from vlm_gateway.middleware.cache import guard
-from vlm_gateway.proxy.request import parse_chat
+from vlm_gateway.stages.cache.embedder import shared_embedder
+from vlm_gateway.stages.cache.keys import build_keys
+from vlm_gateway.stages.cache.semantic import Entry, SemanticCache, SemanticIndex
+from vlm_gateway.stages.cache import guard
+from vlm_gateway.core.request import parse_chat
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
@@ -201,7 +201,7 @@ def test_semantic_on_without_model_files_serves_without_the_level(tmp_path, capl
     from types import SimpleNamespace
 
     from vlm_gateway.config import GatewayConfig
-    from vlm_gateway.middleware.cache.stage import ResponseCache
+    from vlm_gateway.stages.cache.stage import ResponseCache
     cfg = GatewayConfig(cache=CacheConfig(semantic=True, semantic_model_dir=str(tmp_path)))
     cache = ResponseCache(SimpleNamespace(cfg=cfg, closers=[]))
 

@@ -17,17 +17,17 @@ from PIL import Image
 
 from vlm_gateway.backends.sim.grounding import desktop
 from vlm_gateway.config import ConfigError, load_config
-from vlm_gateway.middleware.grounding import plan as P
-from vlm_gateway.middleware.grounding.conventions import BUILTIN, detect, resolve
-from vlm_gateway.middleware.grounding.frames import Frame, image_map, parse_header
-from vlm_gateway.middleware.grounding.response import ResponseTransform, StreamTransform
-from vlm_gateway.middleware.grounding.text import MAX_HOLD, Attribution, Mapper, forward
-from vlm_gateway.middleware.images.l1 import pack, unpack
-from vlm_gateway.middleware.images.policy import Policy
-from vlm_gateway.middleware.images.rewrite import rewrite_bytes
-from vlm_gateway.middleware.images.source import Source
-from vlm_gateway.proxy.errors import BadRequest
-from vlm_gateway.proxy.request import ChatRequest, ImagePart
+from vlm_gateway.stages.grounding import plan as P
+from vlm_gateway.stages.grounding.conventions import BUILTIN, detect, resolve
+from vlm_gateway.stages.grounding.frames import Frame, image_map, parse_header
+from vlm_gateway.stages.grounding.response import ResponseTransform, StreamTransform
+from vlm_gateway.stages.grounding.text import MAX_HOLD, Attribution, Mapper, forward
+from vlm_gateway.stages.images.l1 import pack, unpack
+from vlm_gateway.stages.images.policy import Policy
+from vlm_gateway.stages.images.rewrite import rewrite_bytes
+from vlm_gateway.stages.images.source import Source
+from vlm_gateway.core.errors import BadRequest
+from vlm_gateway.core.request import ChatRequest, ImagePart
 
 Q3, Q25 = BUILTIN["qwen3-vl"], BUILTIN["qwen2.5-vl"]
 WINDOW = Frame(1920, 1080, 260, 140, 1660, 940, 768, 448)  # a 1400x800 window, downscaled
@@ -369,7 +369,7 @@ def test_sse_fast_path_passes_reads_without_a_possible_group_unparsed():
 
 
 def test_history_maps_into_the_sent_frame_by_marker_and_is_restored_on_retry():
-    from vlm_gateway.middleware.grounding.stage import history
+    from vlm_gateway.stages.grounding.stage import history
     a, b = image_map(WINDOW, Q25), image_map(Frame(1000, 800, 0, 0, 1000, 800, 768, 616), Q25)
     parts = [{"type": "image_url", "image_url": {"url": "data:x"}} for _ in range(2)]
     said = 'Image 2: {"point_2d": [500, 400]} Image 1: {"point_2d": [1000, 600]}'

@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from vlm_gateway.backends.sim.grounding import answer_for, desktop, find_targets, model_frame
-from vlm_gateway.middleware.grounding.frames import parse_header
+from vlm_gateway.stages.grounding.frames import parse_header
 
 MODELS = {"qwen3-vl": "qwen3vl-sim", "qwen2.5-vl": "qwen2.5-vl-sim"}
 TOL = 0.01

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from conftest import SIM_MODEL
-from vlm_gateway.middleware.images import corpus as C
+from vlm_gateway.stages.images import corpus as C
 
 BIG = C.photo_jpeg(1920, 1080)
 SMALL = C.photo_jpeg(500, 300)
@@ -192,7 +192,7 @@ def test_guard_on_and_backend_cap(servers, image_server):
 
 # -- formats phones and browsers send, through the OpenAI SDK ------------------------------
 
-from vlm_gateway.middleware.images import decode as D  # noqa: E402
+from vlm_gateway.stages.images import decode as D  # noqa: E402
 
 CONVERTED = "x-vlm-gateway-image-converted"
 _heif = pytest.mark.skipif(not D.HEIF, reason="pillow-heif (the 'heif' extra) is not installed")

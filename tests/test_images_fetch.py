@@ -10,8 +10,8 @@ import socket
 import pytest
 from aiohttp import web
 
-from vlm_gateway.middleware.images import corpus as C
-from vlm_gateway.middleware.images.fetch import Fetcher, FetchError, FetchPolicy, ip_refused
+from vlm_gateway.stages.images import corpus as C
+from vlm_gateway.stages.images.fetch import Fetcher, FetchError, FetchPolicy, ip_refused
 
 JPEG = C.photo_jpeg(640, 480)
 
@@ -179,8 +179,8 @@ def test_address_classes(addr, refused):
 async def test_pool_full_is_503_with_retry_after():
     import threading
 
-    from vlm_gateway.middleware.images.pool import BoundedPool
-    from vlm_gateway.proxy.errors import Unavailable
+    from vlm_gateway.stages.images.pool import BoundedPool
+    from vlm_gateway.core.errors import Unavailable
     pool = BoundedPool(workers=1, max_queue=1)
     gate = threading.Event()
     jobs = [asyncio.ensure_future(pool.run(gate.wait, 5)) for _ in range(2)]
@@ -199,8 +199,8 @@ async def test_pool_bound_holds_while_abandoned_jobs_still_run():
     still runs or waits for a thread: the bound counts the work, not the waiters."""
     import threading
 
-    from vlm_gateway.middleware.images.pool import BoundedPool
-    from vlm_gateway.proxy.errors import Unavailable
+    from vlm_gateway.stages.images.pool import BoundedPool
+    from vlm_gateway.core.errors import Unavailable
     pool = BoundedPool(workers=1, max_queue=1, what="video")
     gate = threading.Event()
     jobs = [asyncio.ensure_future(pool.run(gate.wait, 5)) for _ in range(2)]

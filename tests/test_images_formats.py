@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlm_gateway.middleware.images import Policy, rewrite_bytes
-from vlm_gateway.middleware.images import corpus as C
-from vlm_gateway.middleware.images import decode as D
-from vlm_gateway.middleware.images.colour import PRIMARIES, srgb_decode, srgb_encode, to_srgb_matrix
-from vlm_gateway.middleware.images.decode import ImageError, probe, sniff
+from vlm_gateway.stages.images import Policy, rewrite_bytes
+from vlm_gateway.stages.images import corpus as C
+from vlm_gateway.stages.images import decode as D
+from vlm_gateway.stages.images.colour import PRIMARIES, srgb_decode, srgb_encode, to_srgb_matrix
+from vlm_gateway.stages.images.decode import ImageError, probe, sniff
 
 ENGINE_MIMES = {"image/jpeg", "image/png"}
 heif_only = pytest.mark.skipif(not D.HEIF, reason="pillow-heif (the 'heif' extra) is not installed")

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlm_gateway.middleware.images import Policy, rewrite_bytes
-from vlm_gateway.middleware.images import corpus as C
-from vlm_gateway.middleware.images.decode import ImageError, decode, probe
-from vlm_gateway.middleware.images.quality import lanczos_reference, psnr
-from vlm_gateway.middleware.images.source import decode_data_uri
-from vlm_gateway.middleware.images.trim import content_box
+from vlm_gateway.stages.images import Policy, rewrite_bytes
+from vlm_gateway.stages.images import corpus as C
+from vlm_gateway.stages.images.decode import ImageError, decode, probe
+from vlm_gateway.stages.images.quality import lanczos_reference, psnr
+from vlm_gateway.stages.images.source import decode_data_uri
+from vlm_gateway.stages.images.trim import content_box
 from vlm_gateway.vision_tokens import visual_tokens
 
 P = Policy()
@@ -270,7 +270,7 @@ def test_gif_canvas_growth_within_the_limit_is_rewritten_to_its_real_size():
 
 
 def test_pillow_backstop_is_on():
-    from vlm_gateway.middleware.images import decode as D
+    from vlm_gateway.stages.images import decode as D
     assert Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS >= 64_000_000
     D.ensure_backstop(200_000_000)
     assert Image.MAX_IMAGE_PIXELS >= 200_000_000

@@ -182,7 +182,7 @@ def test_litellm_proxy_with_hook(stack, tmp_path):
 
 
 def test_core_never_imports_litellm():
-    code = ("import sys; import vlm_gateway.cli, vlm_gateway.proxy.app, vlm_gateway.middleware.chain, "
+    code = ("import sys; import vlm_gateway.cli, vlm_gateway.proxy.app, vlm_gateway.stages.chain, "
             "vlm_gateway.integrations; "
             "from vlm_gateway.proxy.app import create_app; create_app(); "
             "assert not [m for m in sys.modules if m.startswith('litellm')], 'litellm imported'")

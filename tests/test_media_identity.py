@@ -19,7 +19,7 @@ from PIL import Image
 from conftest import SIM_MODEL
 from media_server import Origin
 from test_security_support import sha
-from vlm_gateway.middleware.images import corpus as C
+from vlm_gateway.stages.images import corpus as C
 from xxh3_twins import bmp_twins
 
 ADMIN = "sk-admin-identity-test"
@@ -115,8 +115,8 @@ def test_images_with_one_xxh3_hash_are_different_images(env):
 def test_identity_is_blake3_of_the_bytes():
     """The hash chosen for every content identity (L1, L3, affinity)."""
     from vlm_gateway import hashing
-    from vlm_gateway.middleware.cache.keys import image_identity
-    from vlm_gateway.middleware.images.source import content_hash
+    from vlm_gateway.stages.cache.keys import image_identity
+    from vlm_gateway.stages.images.source import content_hash
     from xxh3_twins import twins
     data = bytes(range(256)) * 20
     assert hashing.content_hash(data) == blake3.blake3(data).hexdigest() and len(hashing.content_hash(data)) == 64

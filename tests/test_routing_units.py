@@ -19,7 +19,7 @@ from vlm_gateway.backends.router.affinity import PrefixMap, prefix_keys
 from vlm_gateway.backends.router.least_loaded import load
 from vlm_gateway.backends.scrape import extract, parse
 from vlm_gateway.config import ConfigError, GatewayConfig, RoutingConfig
-from vlm_gateway.proxy.request import parse_chat
+from vlm_gateway.core.request import parse_chat
 
 import orjson
 import yaml

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from conftest import SIM_MODEL
-from vlm_gateway.middleware.images import corpus as C
+from vlm_gateway.stages.images import corpus as C
 
 
 def _status(pid: int, key: str) -> int:

@@ -22,9 +22,9 @@ pytest.importorskip("av")
 from conftest import SIM_MODEL  # noqa: E402
 from media_server import Origin  # noqa: E402
 from vlm_gateway import video_tokens as vt  # noqa: E402
-from vlm_gateway.middleware.video import corpus  # noqa: E402
-from vlm_gateway.middleware.video.rewrite import probe_video  # noqa: E402
-from vlm_gateway.middleware.video.settings import VideoSettings  # noqa: E402
+from vlm_gateway.stages.video import corpus  # noqa: E402
+from vlm_gateway.stages.video.rewrite import probe_video  # noqa: E402
+from vlm_gateway.stages.video.settings import VideoSettings  # noqa: E402
 
 CLIP = corpus.motion_clip(2, 320, 240, 15)                       # 30 frames, every one different
 SCREEN, TIMES = corpus.screen_recording(12, 640, 360, 10, seed=3)  # 12 s, 3 screen states
@@ -164,8 +164,8 @@ def test_affinity_and_cache_keys_follow_the_bytes_sent():
     import orjson
 
     from vlm_gateway.backends.router.affinity import prefix_keys
-    from vlm_gateway.middleware.cache.keys import build_keys
-    from vlm_gateway.proxy.request import parse_chat
+    from vlm_gateway.stages.cache.keys import build_keys
+    from vlm_gateway.core.request import parse_chat
 
     def req(identity: str):
         body = {"model": SIM_MODEL, "messages": messages(video_part(uri(CLIP)))}

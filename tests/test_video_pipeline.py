@@ -1,4 +1,4 @@
-"""The video rewrite pipeline in process (vlm_gateway/middleware/video/): what the engine
+"""The video rewrite pipeline in process (vlm_gateway/stages/video/): what the engine
 will read from the output (checked with OpenCV, the loader vLLM uses), that every
 distinct screen state reaches the output at its own time, determinism, and hostile
 inputs refused with specific codes in bounded time and memory (measured in a child
@@ -20,11 +20,11 @@ av = pytest.importorskip("av")
 cv2 = pytest.importorskip("cv2")
 
 from vlm_gateway import video_tokens as vt  # noqa: E402
-from vlm_gateway.middleware.video import corpus, dedupe  # noqa: E402
-from vlm_gateway.middleware.video.errors import VideoError  # noqa: E402
-from vlm_gateway.middleware.video.plan import plan, plan_groups  # noqa: E402
-from vlm_gateway.middleware.video.rewrite import rewrite_video  # noqa: E402
-from vlm_gateway.middleware.video.settings import VideoSettings  # noqa: E402
+from vlm_gateway.stages.video import corpus, dedupe  # noqa: E402
+from vlm_gateway.stages.video.errors import VideoError  # noqa: E402
+from vlm_gateway.stages.video.plan import plan, plan_groups  # noqa: E402
+from vlm_gateway.stages.video.rewrite import rewrite_video  # noqa: E402
+from vlm_gateway.stages.video.settings import VideoSettings  # noqa: E402
 
 
 def opencv_view(data: bytes) -> tuple[int, float, list[np.ndarray]]:
@@ -202,9 +202,9 @@ def test_plan_groups_properties():
 
 _CHILD = textwrap.dedent("""
     import json, resource, sys, time
-    from vlm_gateway.middleware.video.rewrite import rewrite_video
-    from vlm_gateway.middleware.video.settings import VideoSettings
-    from vlm_gateway.middleware.video.errors import VideoError
+    from vlm_gateway.stages.video.rewrite import rewrite_video
+    from vlm_gateway.stages.video.settings import VideoSettings
+    from vlm_gateway.stages.video.errors import VideoError
     data = open(sys.argv[1], "rb").read()
     kw = json.loads(sys.argv[2])
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -305,7 +305,7 @@ def test_decode_deadline(tmp_path):
 
 
 def test_errors_name_what_the_bytes_are():
-    from vlm_gateway.middleware.video.probe import sniff
+    from vlm_gateway.stages.video.probe import sniff
     with pytest.raises(VideoError, match="zip archive"):
         sniff(corpus.zip_bytes())
     with pytest.raises(VideoError, match="HTML"):

@@ -17,13 +17,13 @@ pytest.importorskip("av")
 from vlm_gateway import video_tokens as vt  # noqa: E402
 from vlm_gateway.backends.backend import Backend  # noqa: E402
 from vlm_gateway.config import ConfigError, load_config  # noqa: E402
-from vlm_gateway.middleware.video import corpus  # noqa: E402
-from vlm_gateway.middleware.video.budget import frame_budget  # noqa: E402
-from vlm_gateway.middleware.video.rewrite import rewrite_video  # noqa: E402
-from vlm_gateway.middleware.video.settings import VideoSettings  # noqa: E402
-from vlm_gateway.middleware.video.stage import recount  # noqa: E402
+from vlm_gateway.stages.video import corpus  # noqa: E402
+from vlm_gateway.stages.video.budget import frame_budget  # noqa: E402
+from vlm_gateway.stages.video.rewrite import rewrite_video  # noqa: E402
+from vlm_gateway.stages.video.settings import VideoSettings  # noqa: E402
+from vlm_gateway.stages.video.stage import recount  # noqa: E402
 from vlm_gateway.proxy.gateway import Gateway  # noqa: E402
-from vlm_gateway.proxy.request import parse_chat  # noqa: E402
+from vlm_gateway.core.request import parse_chat  # noqa: E402
 
 CLIP = corpus.motion_clip(2, 320, 240, 15)
 

@@ -445,7 +445,7 @@ def _images(ic, key: str) -> None:
 def _across(cfg: "GatewayConfig") -> None:
     from .config import _COORDINATE_KEYS, ConfigError, ImagesConfig, _convert
     _images(cfg.images, "images.")
-    from .middleware.images.policy import _OVERRIDABLE
+    from .stages.images.policy import _OVERRIDABLE
     hints = typing.get_type_hints(ImagesConfig)
     for model, over in cfg.images.models.items():
         base = f"images.models.{model}"

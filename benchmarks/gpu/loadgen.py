@@ -303,9 +303,9 @@ VIDEO_CLIPS_SMALL = {"motion_10s_720p30": ("motion", 2, 320, 240, 30),
 def make_video(args: tuple[str, tuple, int, bool]) -> dict:
     """One clip (seeded: every request gets frames no engine cache has seen) and its rewrite
     with the gateway's default settings (plan groups); with ``both`` also the frame plan."""
-    from vlm_gateway.middleware.video import corpus
-    from vlm_gateway.middleware.video.rewrite import rewrite_video
-    from vlm_gateway.middleware.video.settings import VideoSettings
+    from vlm_gateway.stages.video import corpus
+    from vlm_gateway.stages.video.rewrite import rewrite_video
+    from vlm_gateway.stages.video.settings import VideoSettings
     name, (kind, sec, w, h, fps), seed, both = args
     if kind == "motion":
         raw, times = corpus.motion_clip(sec, w, h, fps, seed=seed), None

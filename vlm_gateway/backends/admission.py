@@ -28,12 +28,12 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import metrics
-from ..proxy.errors import RateLimited
+from ..core.errors import RateLimited
 from ..vision_tokens import MARKER_TOKENS, estimate_text_tokens, target_size, visual_tokens
 
 if TYPE_CHECKING:
     from ..config import GatewayConfig
-    from ..proxy.request import ChatRequest
+    from ..core.request import ChatRequest
     from .backend import Backend
 
 

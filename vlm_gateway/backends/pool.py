@@ -37,7 +37,7 @@ import orjson
 
 from .. import metrics
 from ..config import GatewayConfig
-from ..proxy.errors import GatewayError, NotFound, Unavailable
+from ..core.errors import GatewayError, NotFound, Unavailable
 from . import scrape
 from .admission import ProfileFilter, Slots
 from .backend import Backend
@@ -45,7 +45,7 @@ from .router import get_policy
 from .router.least_loaded import load
 
 if TYPE_CHECKING:
-    from ..proxy.request import ChatRequest
+    from ..core.request import ChatRequest
 
 log = logging.getLogger("vlm_gateway.pool")
 
@@ -261,7 +261,7 @@ class Pool:
                 why = f(req, b)
                 (reasons.append(why) if why else kept.append(b))
             if not kept:
-                from ..proxy.errors import BadRequest
+                from ..core.errors import BadRequest
                 raise BadRequest(f"No backend can serve this request: {reasons[0]}", code="no_backend_admits",
                                  param="messages")
             usable = kept

@@ -43,9 +43,9 @@ import pybase64
 from litellm.integrations.custom_logger import CustomLogger
 
 from ..config import GatewayConfig, ImagesConfig, load_config
-from ..middleware.images import Policy, rewrite_bytes
-from ..middleware.images.decode import ImageError
-from ..middleware.images.policy import resolve
+from ..stages.images import Policy, rewrite_bytes
+from ..stages.images.decode import ImageError
+from ..stages.images.policy import resolve
 
 # call types whose ``messages`` carry chat content parts
 _CHAT_CALLS = {"completion", "acompletion", "text_completion", "atext_completion"}

@@ -22,8 +22,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..config import GatewayConfig
-from ..middleware.auth import check_admin
-from .errors import GatewayError, NotFound
+from ..stages.auth import check_admin
+from ..core.errors import GatewayError, NotFound
 
 log = logging.getLogger("vlm_gateway.admin")
 

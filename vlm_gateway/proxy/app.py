@@ -18,10 +18,10 @@ from ..config import GatewayConfig, config_from_json
 from .asgi import AccessLogMiddleware, BrowserGuardMiddleware, RequestIdMiddleware
 from .connection_guard import STATE_KEY as GUARD_STATE_KEY, make_guard
 from .endpoints import CompletionEndpoint
-from .errors import GatewayError, NotFound, Unavailable, error_bytes
+from ..core.errors import GatewayError, NotFound, Unavailable, error_bytes
 from .extra_routes import routes as extra_routes
 from .gateway import Gateway
-from .request import parse_chat, parse_completion
+from ..core.request import parse_chat, parse_completion
 
 log = logging.getLogger("vlm_gateway")
 
@@ -40,7 +40,7 @@ async def models(request: Request) -> Response:
     gw = _gateway(request.scope)
     names = gw.pool.models()
     if gw.cfg.auth.tenants:  # with API keys, a key sees only the models it may use
-        from ..middleware.auth import visible_models
+        from ..stages.auth import visible_models
         try:
             names = visible_models(gw, request.headers, names)
         except GatewayError as e:

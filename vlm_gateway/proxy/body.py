@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 
-from .errors import GatewayError, PayloadTooLarge
+from ..core.errors import GatewayError, PayloadTooLarge
 
 JSON_TYPES = ("application/json",)
 

@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING, Callable
 import orjson
 
 from .. import metrics
-from ..middleware import Reply, run_stages
+from ..stages import Reply, run_stages
 from .body import read_json_body
-from .errors import GatewayError
+from ..core.errors import GatewayError
 from . import recent
 from .relay import Responder
 from .sse import fresh_ids, replay
 
 if TYPE_CHECKING:
     from .gateway import Gateway
-    from .request import ChatRequest
+    from ..core.request import ChatRequest
 
 log = logging.getLogger("vlm_gateway.proxy")
 

@@ -11,11 +11,11 @@ from ..backends.backend import Backend
 from ..backends.pool import Pool
 from ..backends.profiles import load_profiles
 from ..config import GatewayConfig
-from ..middleware import Stage
+from ..stages import Stage
 from .relay import Relay
 
 if TYPE_CHECKING:
-    from .request import ChatRequest
+    from ..core.request import ChatRequest
 
 log = logging.getLogger("vlm_gateway")
 
@@ -39,14 +39,14 @@ class Gateway:
 
     def _build_stages(self) -> None:
         """auth/rate-limit -> image rewrite (L1) -> L3 lookup (DESIGN.md order)."""
-        from ..middleware import chain
+        from ..stages import chain
         self.stages = chain.build(self)
 
     async def start(self) -> None:
         await self.pool.start()
         if self.discovery is not None:
             await self.discovery.start()
-        from ..middleware import chain
+        from ..stages import chain
         await chain.start(self)
 
     async def close(self) -> None:

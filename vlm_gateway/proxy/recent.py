@@ -12,7 +12,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .request import ChatRequest
+    from ..core.request import ChatRequest
 
 RECENT: deque[dict[str, Any]] = deque(maxlen=50)
 

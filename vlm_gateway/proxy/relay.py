@@ -24,13 +24,13 @@ import aiohttp
 import orjson
 
 from .. import metrics
-from .errors import BadGateway, GatewayError, GatewayTimeout, Unavailable
+from ..core.errors import BadGateway, GatewayError, GatewayTimeout, Unavailable
 from .sse import DONE, KEEPALIVE, EventTooLarge, StreamWatcher, event
 
 if TYPE_CHECKING:
     from ..backends.backend import Backend
     from .gateway import Gateway
-    from .request import ChatRequest
+    from ..core.request import ChatRequest
 
 log = logging.getLogger("vlm_gateway.relay")
 

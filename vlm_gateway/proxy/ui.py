@@ -39,8 +39,8 @@ from ..config import GatewayConfig
 from ..vision_tokens import visual_tokens
 from . import recent
 from .body import read_json_body
-from .errors import BadRequest, GatewayError, NotFound, Unauthorized
-from .request import ChatRequest, ImagePart
+from ..core.errors import BadRequest, GatewayError, NotFound, Unauthorized
+from ..core.request import ChatRequest, ImagePart
 
 if TYPE_CHECKING:
     from .gateway import Gateway
@@ -92,7 +92,7 @@ def _guarded(cfg: GatewayConfig, handler):
 def _describe(data: bytes, cfg: GatewayConfig) -> dict[str, Any]:
     """Size/format/tokens of encoded image bytes (header only, no full decode). The image
     stage's probe, not a bare Image.open: the same format allow-list and structural caps."""
-    from ..middleware.images.decode import ImageError, probe
+    from ..stages.images.decode import ImageError, probe
     try:
         head = probe(data, cfg.images.max_source_pixels)
         w, h, fmt = head.width, head.height, head.format

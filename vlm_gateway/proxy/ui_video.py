@@ -1,7 +1,7 @@
 """``POST /ui/api/rewrite-video`` for the /ui playground: what the gateway does to a video.
 
 Body ``{"video": "data:video/...;base64,...", "model": ..}``. Runs the gateway's own
-video rewrite (middleware/video/stage.py: same settings for the model, same decode
+video rewrite (stages/video/stage.py: same settings for the model, same decode
 pool and L1 cache) on a one-video chat request, as a real request would go through
 the media stage, and answers before/after figures: size, bytes, frames the engine
 samples, their rate, prompt tokens (the engine's count for the source as sent and
@@ -25,9 +25,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..config import GatewayConfig
-from ..middleware.video.stage import engine_frames
-from .errors import BadRequest, PayloadTooLarge
-from .request import ChatRequest, MediaPart
+from ..stages.video.stage import engine_frames
+from ..core.errors import BadRequest, PayloadTooLarge
+from ..core.request import ChatRequest, MediaPart
 
 if TYPE_CHECKING:
     from .gateway import Gateway

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 if TYPE_CHECKING:
     from ...config import RoutingConfig
-    from ...proxy.request import ChatRequest
+    from ...core.request import ChatRequest
     from ..backend import Backend
 
 

@@ -175,9 +175,9 @@ def _video_for(url: str, fetched: dict[str, bytes]) -> SimImage:
         raise PromptError(f"video URL was not fetched: {url[:80]}")
     from ...video_tokens import video_tokens
     try:
-        from ...middleware.video.errors import VideoError
-        from ...middleware.video.rewrite import probe_video
-        from ...middleware.video.settings import VideoSettings
+        from ...stages.video.errors import VideoError
+        from ...stages.video.rewrite import probe_video
+        from ...stages.video.settings import VideoSettings
         h = probe_video(data, VideoSettings())
         n, rate = h.opencv_frames, float(h.rate)
         v = video_tokens(n, rate, h.width, h.height)

@@ -23,7 +23,7 @@ import socket
 from urllib.parse import urlsplit
 
 from ... import metrics
-from ..errors import error_bytes
+from ...core.errors import error_bytes
 
 PROBE_PATHS = frozenset({"/health", "/ready"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}

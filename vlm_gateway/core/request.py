@@ -55,7 +55,7 @@ class MediaPart:
     tokens_after: int = 0
     kind: str = "image"
     ptype: str = "image_url"
-    # what the video stage did (middleware.video.stage.VideoSent) for a video part
+    # what the video stage did (stages.video.stage.VideoSent) for a video part
     video: Any = None
 
     @property
@@ -161,7 +161,7 @@ class ChatRequest:
     def visual_items(self) -> int:
         """Parts a per-minute image limit counts: images, videos, image embeddings."""
         return len(self.images) + sum(1 for p in self.media if p.kind in ("video", "embeds"))
-    # The coordinate plan of a request with images (middleware.grounding.plan.GroundingPlan).
+    # The coordinate plan of a request with images (stages.grounding.plan.GroundingPlan).
     grounding: Any = None
     # Set by a stage to rewrite the answer text; None keeps the plain byte relay.
     response_transform: ResponseTransform | None = None

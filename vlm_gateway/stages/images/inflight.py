@@ -19,11 +19,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ... import metrics
-from ...proxy.errors import PayloadTooLarge, Unavailable
+from ...core.errors import PayloadTooLarge, Unavailable
 
 if TYPE_CHECKING:
     from ...config import LimitsConfig
-    from ...proxy.request import ChatRequest, MediaPart
+    from ...core.request import ChatRequest, MediaPart
 
 # the per-request total that each kind counts against
 TOTAL_KEY = {"image": "max_total_image_bytes", "embeds": "max_total_image_bytes",

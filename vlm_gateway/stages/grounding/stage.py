@@ -24,7 +24,7 @@ from .text import Counts, Mapper, back, forward
 if TYPE_CHECKING:
     from ...backends.backend import Backend
     from ...proxy.gateway import Gateway
-    from ...proxy.request import ChatRequest
+    from ...core.request import ChatRequest
 
 _HISTORY_ROLES = ("user", "assistant")
 

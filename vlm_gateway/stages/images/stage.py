@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ... import metrics
-from ...proxy.errors import BadRequest, GatewayError, Unavailable
+from ...core.errors import BadRequest, GatewayError, Unavailable
 from ..grounding import plan as grounding
 from .decode import ImageError, probe
 from .encode import data_uri
@@ -35,7 +35,7 @@ from .source import Source, as_error, content_hash, media_sources
 if TYPE_CHECKING:
     from ...backends.backend import Backend
     from ...proxy.gateway import Gateway
-    from ...proxy.request import ChatRequest, ImagePart
+    from ...core.request import ChatRequest, ImagePart
 
 log = logging.getLogger("vlm_gateway.images")
 

@@ -138,7 +138,7 @@ class StreamTransform:
 
 
 class ResponseTransform:
-    """What the relay calls (see ``proxy.request.ResponseTransform``)."""
+    """What the relay calls (see ``core.request.ResponseTransform``)."""
 
     __slots__ = ("make", "on_done")
 

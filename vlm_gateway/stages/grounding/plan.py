@@ -26,14 +26,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from ...proxy.errors import BadRequest
+from ...core.errors import BadRequest
 from .conventions import Convention, resolve
 from .frames import HEADER_PREFIX, Frame, ImageMap, image_map
 from .text import Attribution, Counts
 
 if TYPE_CHECKING:
     from ...config import ImagesConfig
-    from ...proxy.request import ChatRequest
+    from ...core.request import ChatRequest
     from ..images.policy import Policy
     from ..images.rewrite import Rewritten
     from ..images.source import Source

@@ -21,7 +21,7 @@ from .store import LocalStore, RedisStore, TieredStore
 
 if TYPE_CHECKING:
     from ...proxy.gateway import Gateway
-    from ...proxy.request import ChatRequest
+    from ...core.request import ChatRequest
 
 log = logging.getLogger("vlm_gateway.cache")
 

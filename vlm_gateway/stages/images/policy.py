@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ...proxy.errors import BadRequest
+from ...core.errors import BadRequest
 
 if TYPE_CHECKING:
     from ...config import ImagesConfig

@@ -29,7 +29,7 @@ import orjson
 import pybase64
 
 from ...hashing import content_hash
-from ...proxy.errors import BadRequest
+from ...core.errors import BadRequest
 from .decode import Header, ImageError
 from .fetch import Fetched, Fetcher, FetchError, FetchPolicy, check_address
 from .inflight import MediaBudget, for_gateway
@@ -37,7 +37,7 @@ from .pool import BoundedPool
 
 if TYPE_CHECKING:
     from ...proxy.gateway import Gateway
-    from ...proxy.request import ChatRequest, MediaPart
+    from ...core.request import ChatRequest, MediaPart
 
 __all__ = ["content_hash", "decode_data_uri", "Source", "UrlMemo", "MediaSources"]
 

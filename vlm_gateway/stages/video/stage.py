@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from ... import metrics
 from ...hashing import content_hash
-from ...proxy.errors import BadRequest, GatewayError
+from ...core.errors import BadRequest, GatewayError
 from ...video_tokens import (QWEN3_VL, TimestampCounter, VideoProcessorSpec, qwen_timestamp_tokens,
                              tokenizer_counter, video_tokens)
 from ..images import policy as image_policy
@@ -56,7 +56,7 @@ from .settings import VideoSettings
 if TYPE_CHECKING:
     from ...backends.backend import Backend
     from ...proxy.gateway import Gateway
-    from ...proxy.request import ChatRequest, MediaPart
+    from ...core.request import ChatRequest, MediaPart
     from ..images.media import Sent
     from ..images.source import Source
 

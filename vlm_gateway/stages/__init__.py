@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 if TYPE_CHECKING:
-    from ..proxy.request import ChatRequest
+    from ..core.request import ChatRequest
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, TypeVar
 
-from ...proxy.errors import Unavailable
+from ...core.errors import Unavailable
 
 T = TypeVar("T")
 

@@ -18,11 +18,11 @@ import hmac
 from typing import TYPE_CHECKING
 
 from ..config import TenantConfig
-from ..proxy.errors import Forbidden, Unauthorized
+from ..core.errors import Forbidden, Unauthorized
 
 if TYPE_CHECKING:
     from ..proxy.gateway import Gateway
-    from ..proxy.request import ChatRequest
+    from ..core.request import ChatRequest
 
 ANONYMOUS = "anonymous"
 

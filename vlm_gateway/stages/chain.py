@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ..proxy.gateway import Gateway
     from . import Stage
 
-# module names under vlm_gateway.middleware, in order
+# module names under vlm_gateway.stages, in order
 ORDER = ("auth", "ratelimit", "limits", "images.media", "images.stage", "grounding.stage", "cache.stage")
 
 

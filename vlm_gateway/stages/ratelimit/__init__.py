@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 
 from ... import metrics, redis_keys
 from ...config import TenantConfig
-from ...proxy.errors import RateLimited
+from ...core.errors import RateLimited
 from .buckets import AFTERWARDS, CHARGE, LEASE_S, Check, LocalStore, Outcome, RedisStore, RedisUnavailable, duration, reset_after
 
 if TYPE_CHECKING:
     from ...proxy.gateway import Gateway
-    from ...proxy.request import ChatRequest
+    from ...core.request import ChatRequest
 
 log = logging.getLogger("vlm_gateway.ratelimit")
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..proxy.errors import BadRequest
+from ..core.errors import BadRequest
 from .images.inflight import for_gateway
 from .images.source import inline_size, payload_bytes
 
 if TYPE_CHECKING:
     from ..proxy.gateway import Gateway
-    from ..proxy.request import ChatRequest
+    from ..core.request import ChatRequest
 
 
 def inline_bytes(url: str) -> int:

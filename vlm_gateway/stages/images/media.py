@@ -14,7 +14,7 @@ stage's ``rewrites`` (``REWRITES`` by default): it receives the request, the par
 and its resolved ``Source`` (bytes, hash, declared content type) and returns the
 ``Sent`` URL with the identity of what it sends. Audio and image embeddings are
 forwarded as they came; with ``video.enabled`` (the default) ``rewrites["video"]``
-is the video rewrite (middleware/video/stage.py: frame sampling, near-duplicate
+is the video rewrite (stages/video/stage.py: frame sampling, near-duplicate
 removal, downscale, re-encode), else videos are forwarded too.
 """
 
@@ -32,7 +32,7 @@ from .source import MediaSources, Source, as_error, media_sources
 
 if TYPE_CHECKING:
     from ...proxy.gateway import Gateway
-    from ...proxy.request import ChatRequest, MediaPart
+    from ...core.request import ChatRequest, MediaPart
 
 KINDS = ("video", "audio", "embeds")
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from ...config import CacheConfig
-    from ...proxy.request import ChatRequest
+    from ...core.request import ChatRequest
 
 MODE_HEADER = "x-vlm-gateway-cache-mode"
 

@@ -25,7 +25,7 @@ from ...hashing import content_hash
 from .normalize import normalize_question
 
 if TYPE_CHECKING:
-    from ...proxy.request import ChatRequest
+    from ...core.request import ChatRequest
 
 # Body fields that do not change the generated content; everything else is part of
 # the key (unknown engine extras included: when in doubt, a separate entry).
