@@ -113,7 +113,8 @@ async def stream_one(session: aiohttp.ClientSession, base: str, body: dict) -> d
                 usage = ev["usage"]
     return {"ok": ttft is not None, "ttft": ttft, "e2e": time.perf_counter() - t0, "usage": usage,
             "text": "".join(text), "visual": headers.get("x-vlm-gateway-visual-tokens"),
-            "video": headers.get("x-vlm-gateway-video-tokens"), "video_1": headers.get("x-vlm-gateway-video-1"),
+            "video": headers.get("x-vlm-gateway-video-tokens"),
+            "budget": headers.get("x-vlm-gateway-image-budget"), "video_1": headers.get("x-vlm-gateway-video-1"),
             "backend": headers.get("x-vlm-gateway-backend"), "cache": headers.get("x-vlm-gateway-cache")}
 
 
@@ -137,7 +138,8 @@ async def run_cell(base: str, bodies: list[dict], conc: int) -> dict:
             "ttft_p99_ms": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else None,
             "ttft_mean_ms": statistics.fmean(ttfts) if ttfts else None,
             "errors": [r.get("error") or r.get("status") for r in results if not r["ok"]][:3],
-            "prompt_tokens": ok[0]["usage"]["prompt_tokens"] if ok and ok[0]["usage"] else None}
+            "prompt_tokens": ok[0]["usage"]["prompt_tokens"] if ok and ok[0]["usage"] else None,
+            "visual": ok[0].get("visual") if ok else None, "budget": ok[0].get("budget") if ok else None}
 
 
 # -- workloads -------------------------------------------------------------------------------------
