@@ -95,6 +95,28 @@ def ask(c: openai.OpenAI, text: str, image: dict | None = None):
                                                        messages=[{"role": "user", "content": content}])
 
 
+async def test_the_mode_comes_from_the_server_and_a_burst_stays_bounded(env):
+    from redis import Redis
+
+    from vlm_gateway.redis_clients import MAX_CONNECTIONS, async_client
+    cluster = env["cluster"]
+    single = async_client("redis://127.0.0.1:6379/0", 1.0)
+    c = async_client(cluster.url_of(cluster.ports[-1]), 2.0, client_name="vlmgw-burst")
+    try:
+        assert single.cluster is None and await single.ping() and single.cluster is False
+        # a burst of lookups on keys of every slot range: none fails, and no node
+        # holds more than the bound (redis-py fails calls beyond it instead of waiting)
+        results = await asyncio.gather(*(c.eval("local t = redis.call('TIME') return 1", 1, f"{PREFIX}:burst:{i}")
+                                         for i in range(5 * MAX_CONNECTIONS)))
+        assert c.cluster is True and results == [1] * (5 * MAX_CONNECTIONS)
+        for p in cluster.primaries():
+            held = sum(1 for x in Redis(port=p).client_list() if x.get("name") == "vlmgw-burst")
+            assert 0 < held <= MAX_CONNECTIONS, (p, held)
+    finally:
+        await c.aclose()
+        await single.aclose()
+
+
 def test_caches_are_shared_across_gateways_and_spread_over_every_primary(env):
     ca, cb = client(env["a"]), client(env["b"])
     questions = [f"what is {uuid.uuid4().hex}?" for _ in range(12)]
@@ -212,7 +234,6 @@ async def test_killing_a_primary_mid_load_gives_no_5xx_and_recovers(env):
     await asyncio.sleep(2.0)
     stop.set()
     statuses = await asyncio.wait_for(task, 60)
-    print("FAILOVER", len(statuses), promoted_after)
     assert statuses and all(s == 200 for s in statuses), [s for s in statuses if s != 200][:5]
     # the dead primary owned the "load" tenant's buckets: rate limits fell back to in-process
     assert metric(env["a"], "vlm_gateway_ratelimit_redis_failures_total") > fallbacks

@@ -10,8 +10,9 @@ caller counts it as a miss or falls back) and is asked again on the next.
 Bounds. Every call has a short socket timeout. One server: a blocking pool of
 ``max_connections``, so a burst waits at most that timeout for a connection (then
 counts as a Redis failure) instead of opening sockets without end. A cluster:
-at most ``max_connections`` per node, beyond which a call fails at once
-(``MaxConnectionsError``, a Redis failure like any other).
+redis-py opens at most ``max_connections`` per node and fails a call beyond that
+at once, so the client lets at most ``max_connections`` commands run at a time
+(across nodes) and a burst waits for a turn, again at most the timeout.
 
 Cluster rules the callers keep: every multi-key command and every Lua script
 names keys of one hash slot (rate-limit keys share the ``{tenant}`` tag), and a
@@ -23,6 +24,7 @@ has promoted its replica; the client then re-reads the slot map on the next call
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from typing import Any, AsyncIterator
 
@@ -89,6 +91,7 @@ class Client:
         self._lock: asyncio.Lock | None = None
         self._retry_at = 0.0
         self._closed = False
+        self._gate: asyncio.Semaphore | None = None  # cluster mode: commands in flight
 
     @property
     def cluster(self) -> bool | None:
@@ -112,8 +115,15 @@ class Client:
                 except Exception:
                     self._retry_at = time.monotonic() + DETECT_RETRY_S
                     raise
-                make = _cluster if is_cluster else _single
-                self._client = make(self.url, self.timeout_s, self.max_connections, self._kw)
+                if is_cluster:
+                    self._gate = asyncio.Semaphore(self.max_connections)
+                    c = _cluster(self.url, self.timeout_s, self.max_connections, self._kw)
+                    # read the slot map once, here: commands racing a lazy first
+                    # initialisation see their connections closed under them
+                    await c.initialize()
+                    self._client = c
+                else:
+                    self._client = _single(self.url, self.timeout_s, self.max_connections, self._kw)
         return self._client
 
     def __getattr__(self, name: str):
@@ -121,12 +131,40 @@ class Client:
             raise AttributeError(name)
         c = self.__dict__.get("_client")
         if c is not None:
-            return getattr(c, name)
+            attr = getattr(c, name)
+            if self._gate is None or not callable(attr):
+                return attr
+
+            def gated(*args: Any, **kwargs: Any):
+                r = attr(*args, **kwargs)
+                return self._gated(r) if inspect.isawaitable(r) else r
+            return gated
 
         async def call(*args: Any, **kwargs: Any):
-            return await getattr(await self.resolve(), name)(*args, **kwargs)
+            await self.resolve()
+            return await getattr(self, name)(*args, **kwargs)
         call.__name__ = name
         return call
+
+    async def _turn(self) -> None:
+        """Wait for a command slot (cluster mode), at most the timeout."""
+        gate = self._gate
+        if gate.locked():
+            await asyncio.wait_for(gate.acquire(), self.timeout_s)
+        else:
+            await gate.acquire()
+
+    async def _gated(self, aw):
+        try:
+            await self._turn()
+        except BaseException:
+            if inspect.iscoroutine(aw):
+                aw.close()  # never started
+            raise
+        try:
+            return await aw
+        finally:
+            self._gate.release()
 
     def register_script(self, script: str) -> "_Script":
         return _Script(self, script)
@@ -156,7 +194,9 @@ class _Script:
     async def __call__(self, keys=(), args=(), client=None):
         if self._real is None:
             self._real = (await self.owner.resolve()).register_script(self.script)
-        return await self._real(keys=keys, args=args)
+        if self.owner._gate is None:
+            return await self._real(keys=keys, args=args)
+        return await self.owner._gated(self._real(keys=keys, args=args))
 
 
 class _Pipeline:
