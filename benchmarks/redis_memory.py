@@ -10,9 +10,9 @@ OpenAI-compatible API; the kinds:
   ``--long`` tokens: one L3 exact entry and one semantic stream entry each.
 
 Reported per kind: the keys written per namespace, ``MEMORY USAGE`` of each key
-(median and p99, bytes), and the growth of ``used_memory`` summed over the primaries
-divided by the number of requests (what an item really costs, allocator overhead and
-the key included); then what 1M items cost on the primaries (replicas hold a copy
+(median and p99, bytes), and the growth of ``used_memory_dataset`` summed over the
+primaries divided by the number of requests (what an item really costs: key, value,
+expiry and allocator rounding; the server's fixed buffers left out); then what 1M items cost on the primaries (replicas hold a copy
 each: multiply by 1 + replicas).
 
     python benchmarks/redis_memory.py           # writes docs/benchmarks/redis_memory.md
@@ -171,17 +171,18 @@ def write(rows: list[dict], rl: list[int], args, started: str) -> None:
              f"A gateway (L1 images, L3 exact and semantic on) wrote {args.n} items of each kind to a private "
              "Redis Cluster of three primaries with one replica each (Redis 7, jemalloc, loopback). "
              "Per kind: the keys written and their `MEMORY USAGE` (bytes, median / p99), and the growth of "
-             "`used_memory` summed over the primaries per item (key, value, expiry and allocator overhead "
-             "included). 1M items: that growth x 1,000,000, on the primaries; each replica holds a copy "
+             "`used_memory_dataset` summed over the primaries per item (key, value, expiry, the semantic "
+             "stream entry and allocator rounding; the servers' fixed buffers left out). 1M items: that growth x 1,000,000, on the primaries; each replica holds a copy "
              "(x2 with one replica per primary).", "",
-             "| kind | keys per item | MEMORY USAGE median / p99 (bytes) | used_memory growth per item | 1M items (primaries) | 1M items with one replica each |",
+             "| kind | keys per item | MEMORY USAGE median / p99 (bytes) | dataset growth per item | 1M items (primaries) | 1M items with one replica each |",
              "|---|---|---|---:|---:|---:|"]
     for r in rows:
-        ns = "; ".join(f"`{k}` {v['keys'] / r['n']:.0f}" for k, v in sorted(r["namespaces"].items()))
+        ns = "; ".join(f"`{k}` {v['keys'] / r['n']:.0f}" for k, v in sorted(r["namespaces"].items())
+                       if k != "l3:semantic")
         mu = "; ".join(f"`{k}` {v['median']:,.0f} / {v['p99']:,.0f}" for k, v in sorted(r["namespaces"].items())
                        if k != "l3:semantic")
         b = r["bytes_per_item"]
-        ns += f"; stream entries {r['stream_entries'] / r['n']:.0f}"
+        ns += f"; semantic stream entries {r['stream_entries'] / r['n']:.0f}"
         lines.append(f"| {r['kind']} | {ns} | {mu} | {b:,.0f} B | {b * 1e6 / 2**30:.2f} GiB | "
                      f"{2 * b * 1e6 / 2**30:.2f} GiB |")
     lines += ["", f"Rate-limit state is per tenant, not per item: one hash per bucket and one sorted set of "
@@ -189,8 +190,10 @@ def write(rows: list[dict], rl: list[int], args, started: str) -> None:
               "of this run.", "",
               f"Answers: {args.short} tokens (image and short answer) and {args.long} tokens (long answer) of the "
               "simulator's filler text; the semantic stream entry holds a 384-float vector (1.5 KB) plus the "
-              "question, partition and exact key; its share is inside the `used_memory` growth (one stream "
-              "key, on one slot).", "",
+              "question, partition and exact key; its share is inside the growth (one stream "
+              "key, on one slot). The L3 answer is stored twice, under its exact and its normalised key "
+              "(`cache.normalized`). The image is the rewritten one (what the engine is sent), from a "
+              "1280x720 JPEG of photo-like content.", "",
               f"Command: `python benchmarks/redis_memory.py {' '.join(sys.argv[1:])}`".rstrip() + f" ({started}; "
               f"Python {platform.python_version()}). Raw rows: `redis_memory.json`.", ""]
     os.makedirs(DOCS, exist_ok=True)
