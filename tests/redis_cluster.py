@@ -125,14 +125,6 @@ class LocalCluster:
                 out.append(p)
         return out
 
-    def primary_of(self, key: str) -> int:
-        c = self.client()
-        try:
-            node = c.get_node_from_key(key)
-            return int(node.port)
-        finally:
-            c.close()
-
     def pid(self, port: int) -> int:
         return int((self.tmp / str(port) / "redis.pid").read_text())
 
