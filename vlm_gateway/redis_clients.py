@@ -12,7 +12,8 @@ Bounds. Every call has a short socket timeout. One server: a blocking pool of
 counts as a Redis failure) instead of opening sockets without end. A cluster:
 redis-py opens at most ``max_connections`` per node and fails a call beyond that
 at once, so the client lets at most ``max_connections`` commands run at a time
-(across nodes) and a burst waits for a turn, again at most the timeout.
+(across nodes) and a burst waits for a turn; waiting and running together take at
+most the timeout.
 
 Cluster rules the callers keep: every multi-key command and every Lua script
 names keys of one hash slot (rate-limit keys share the ``{tenant}`` tag), and a
@@ -31,6 +32,8 @@ from typing import Any, AsyncIterator
 MAX_CONNECTIONS = 64
 # After a failed detection, wait this long before asking the server again.
 DETECT_RETRY_S = 0.5
+# Cluster mode: re-read the slot map at most this often after failed commands.
+REFRESH_S = 1.0
 
 # url -> True (cluster) / False (one server); what a server said once does not change.
 _MODE: dict[str, bool] = {}
@@ -60,9 +63,14 @@ def _cluster(url: str, timeout_s: float, max_connections: int, kw: dict):
     kw.pop("health_check_interval", None)  # the cluster client takes it, but it is moot with short timeouts
     kw.pop("single_connection_client", None)
     # One retry after a connection error: the client re-reads the slot map first,
-    # which is what finds a promoted replica; the caller's timeout bounds the whole.
+    # which is what finds a promoted replica; Client bounds the whole by timeout_s.
     retry = kw.pop("retry", None) or Retry(NoBackoff(), 1)
-    return RedisCluster.from_url(url, max_connections=max_connections, socket_timeout=timeout_s,
+    # The read timeout is long on purpose: redis-py takes a read timeout for a node
+    # failure and re-reads the whole slot map and drops the node's idle connections,
+    # which under CPU saturation (replies late, not lost) measured a collapse (16x
+    # fewer commands served than one server's client). A slow reply is cut off by
+    # Client's own timeout instead, which costs one connection and no refresh.
+    return RedisCluster.from_url(url, max_connections=max_connections, socket_timeout=max(1.0, 10 * timeout_s),
                                  socket_connect_timeout=timeout_s, retry=retry,
                                  # a slot whose primary is down fails alone: the others keep serving
                                  require_full_coverage=False, **kw)
@@ -88,10 +96,12 @@ class Client:
         self.max_connections = max_connections
         self._kw = kw
         self._client: Any = None
-        self._lock: asyncio.Lock | None = None
+        self._making: asyncio.Task | None = None
         self._retry_at = 0.0
         self._closed = False
         self._gate: asyncio.Semaphore | None = None  # cluster mode: commands in flight
+        self._refresh_at = 0.0
+        self._refresh: asyncio.Task | None = None
 
     @property
     def cluster(self) -> bool | None:
@@ -102,28 +112,32 @@ class Client:
         """The underlying redis-py client (detecting the mode first if needed)."""
         if self._client is not None:
             return self._client
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            if self._client is None:
-                if time.monotonic() < self._retry_at:
-                    import redis.exceptions as rexc
-                    raise rexc.ConnectionError(f"Redis at {_redact(self.url)} not reached yet")
-                try:
-                    # detection may take longer than a lookup's budget: it happens once
-                    is_cluster = await detect_cluster(self.url, max(self.timeout_s, 1.0))
-                except Exception:
-                    self._retry_at = time.monotonic() + DETECT_RETRY_S
-                    raise
-                if is_cluster:
-                    self._gate = asyncio.Semaphore(self.max_connections)
-                    c = _cluster(self.url, self.timeout_s, self.max_connections, self._kw)
-                    # read the slot map once, here: commands racing a lazy first
-                    # initialisation see their connections closed under them
-                    await c.initialize()
-                    self._client = c
-                else:
-                    self._client = _single(self.url, self.timeout_s, self.max_connections, self._kw)
+        if time.monotonic() < self._retry_at:
+            import redis.exceptions as rexc
+            raise rexc.ConnectionError(f"Redis at {_redact(self.url)} not reached yet")
+        if self._making is None or self._making.done():
+            self._making = asyncio.get_running_loop().create_task(self._make())
+            # its failure is every waiting caller's; never an unretrieved-exception warning
+            self._making.add_done_callback(lambda t: t.cancelled() or t.exception())
+        # shielded: a caller whose lookup budget runs out does not abort the detection
+        # (it may take longer than one lookup's budget; it happens once)
+        return await asyncio.shield(self._making)
+
+    async def _make(self):
+        try:
+            is_cluster = await detect_cluster(self.url, max(self.timeout_s, 1.0))
+            if is_cluster:
+                c = _cluster(self.url, self.timeout_s, self.max_connections, self._kw)
+                # read the slot map once, here: commands racing a lazy first
+                # initialisation see their connections closed under them
+                await c.initialize()
+                self._gate = asyncio.Semaphore(self.max_connections)
+                self._client = c
+            else:
+                self._client = _single(self.url, self.timeout_s, self.max_connections, self._kw)
+        except Exception:
+            self._retry_at = time.monotonic() + DETECT_RETRY_S
+            raise
         return self._client
 
     def __getattr__(self, name: str):
@@ -146,25 +160,38 @@ class Client:
         call.__name__ = name
         return call
 
-    async def _turn(self) -> None:
-        """Wait for a command slot (cluster mode), at most the timeout."""
-        gate = self._gate
-        if gate.locked():
-            await asyncio.wait_for(gate.acquire(), self.timeout_s)
-        else:
-            await gate.acquire()
-
     async def _gated(self, aw):
+        """One command in cluster mode: wait for a turn and run it, all within the timeout."""
+        acquired = False
         try:
-            await self._turn()
-        except BaseException:
-            if inspect.iscoroutine(aw):
-                aw.close()  # never started
+            async with asyncio.timeout(self.timeout_s):
+                await self._gate.acquire()
+                acquired = True
+                return await aw
+        except Exception:
+            self._refresh_soon()
             raise
-        try:
-            return await aw
         finally:
-            self._gate.release()
+            if acquired:
+                self._gate.release()
+            elif inspect.iscoroutine(aw):
+                aw.close()  # never started
+
+    def _refresh_soon(self) -> None:
+        """After a failed or late command, re-read the slot map in the background, at
+        most once per ``REFRESH_S``: a primary that stopped answering without refusing
+        (a dead host) is otherwise never found replaced."""
+        now = time.monotonic()
+        if now < self._refresh_at or self._client is None:
+            return
+        self._refresh_at = now + REFRESH_S
+
+        async def refresh() -> None:
+            try:
+                await self._client.nodes_manager.initialize()
+            except Exception:  # noqa: BLE001 - the next failure tries again
+                pass
+        self._refresh = asyncio.get_running_loop().create_task(refresh())
 
     def register_script(self, script: str) -> "_Script":
         return _Script(self, script)
@@ -179,6 +206,9 @@ class Client:
 
     async def aclose(self) -> None:
         self._closed = True
+        for t in (self._refresh, self._making):
+            if t is not None and not t.done():
+                t.cancel()
         if self._client is not None:
             await self._client.aclose()
 
