@@ -46,6 +46,7 @@ class LocalCluster:
         self.ports = _free_ports(primaries * (1 + replicas))
         self.replicas = replicas
         self.procs: dict[int, subprocess.Popen] = {}
+        self.paused: set[int] = set()
 
     @property
     def url(self) -> str:
@@ -113,7 +114,8 @@ class LocalCluster:
         return True
 
     def alive(self) -> list[int]:
-        return [p for p, pr in self.procs.items() if pr.poll() is None]
+        """Nodes running and not paused."""
+        return [p for p, pr in self.procs.items() if pr.poll() is None and p not in self.paused]
 
     def client(self) -> SyncCluster:
         return SyncCluster(host="127.0.0.1", port=self.alive()[0], socket_timeout=2)
@@ -133,6 +135,11 @@ class LocalCluster:
         pr = self.procs[port]
         os.kill(self.pid(port), signal.SIGKILL)
         pr.wait(5)
+
+    def pause(self, port: int) -> None:
+        """SIGSTOP one node: it keeps its connections open and answers nothing."""
+        os.kill(self.pid(port), signal.SIGSTOP)
+        self.paused.add(port)
 
     def replica_of(self, primary: int) -> int:
         info = redis.Redis(port=primary, socket_timeout=1).info("replication")

@@ -7,7 +7,7 @@ first use from what the server at ``url`` says (``INFO cluster``:
 remembered per URL; a server that cannot be reached yet fails that call (the
 caller counts it as a miss or falls back) and is asked again on the next.
 
-Bounds. Every call has a short socket timeout. One server: a blocking pool of
+Bounds. Every call has a short timeout. One server: a blocking pool of
 ``max_connections``, so a burst waits at most that timeout for a connection (then
 counts as a Redis failure) instead of opening sockets without end. A cluster:
 redis-py opens at most ``max_connections`` per node and fails a call beyond that
@@ -18,8 +18,11 @@ most the timeout.
 Cluster rules the callers keep: every multi-key command and every Lua script
 names keys of one hash slot (rate-limit keys share the ``{tenant}`` tag), and a
 flush deletes per primary (``delete_matching``). A failover (a replica promoted)
-shows as connection errors for the slots of the dead primary until the cluster
-has promoted its replica; the client then re-reads the slot map on the next call.
+shows as failed or late commands for the slots of the dead primary until the
+cluster has promoted its replica; after a failed or late command the client
+re-reads the slot map (redis-py on a refused connection, and ``Client`` in the
+background at most once per ``REFRESH_S``, which also finds the promotion when
+the dead primary never refuses) and the slots are served again.
 """
 
 from __future__ import annotations
