@@ -70,8 +70,8 @@ def _cluster(url: str, timeout_s: float, max_connections: int, kw: dict):
     retry = kw.pop("retry", None) or Retry(NoBackoff(), 1)
     # The read timeout is long on purpose: redis-py takes a read timeout for a node
     # failure and re-reads the whole slot map and drops the node's idle connections,
-    # which under CPU saturation (replies late, not lost) measured a collapse (16x
-    # fewer commands served than one server's client). A slow reply is cut off by
+    # which under CPU saturation (replies late, not lost) served a seventh of the
+    # commands one server's client did (a starved event loop). A slow reply is cut off by
     # Client's own timeout instead, which costs one connection and no refresh.
     return RedisCluster.from_url(url, max_connections=max_connections, socket_timeout=max(1.0, 10 * timeout_s),
                                  socket_connect_timeout=timeout_s, retry=retry,
