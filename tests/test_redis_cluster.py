@@ -122,6 +122,25 @@ async def test_the_mode_comes_from_the_server_and_a_burst_stays_bounded(env):
         await single.aclose()
 
 
+async def test_rewritten_videos_are_shared_under_the_prefix_and_flushed(env):
+    from dataclasses import fields
+
+    from vlm_gateway.stages.video.l1 import VideoEntry, VideoL1
+    meta = {f.name: (1 if f.type in ("int", int) else 1.0 if f.type in ("float", float) else "x")
+            for f in fields(VideoEntry) if f.name != "data"}
+    entry = VideoEntry(data=b"\0" * 5000, **meta)
+    one = VideoL1(1 << 20, env["cluster"].url, redis_prefix=PREFIX)
+    other = VideoL1(1 << 20, env["cluster"].url_of(env["cluster"].ports[-1]), redis_prefix=PREFIX)
+    try:
+        await one.put("clip", entry)
+        assert keys(env, f"{PREFIX}:vid1:*") == {f"{PREFIX}:vid1:clip"}
+        assert await other.get("clip") == entry   # another process: from the cluster
+        assert await one.flush() >= 2 and not keys(env, f"{PREFIX}:vid1:*")
+    finally:
+        await one.close()
+        await other.close()
+
+
 def test_caches_are_shared_across_gateways_and_spread_over_every_primary(env):
     ca, cb = client(env["a"]), client(env["b"])
     questions = [f"what is {uuid.uuid4().hex}?" for _ in range(12)]
