@@ -1,7 +1,7 @@
-"""Scale benchmark: 1 vs 2 vs 4 gateway replicas (processes) sharing one Redis in front of
-8 simulated engines, at the same offered load.
+"""Scale benchmark: 1 vs 2 vs 4 gateway replicas (processes) sharing one Redis, or one
+Redis Cluster, in front of 8 simulated engines, at the same offered load.
 
-Per cell (fresh gateways, a flushed private redis-server; the simulators stay up):
+Per cell (fresh gateways, a flushed private Redis; the simulators stay up):
 
 - **load**: each of ``--rates`` requests/s, open loop (Poisson arrivals) for ``--duration`` s, spread
   round-robin over the replicas as a load balancer would. Half are text questions drawn
@@ -22,8 +22,11 @@ Per cell (fresh gateways, a flushed private redis-server; the simulators stay up
     python benchmarks/scale.py                     # writes docs/benchmarks/scale.md
     python benchmarks/scale.py --replicas 1 2 --duration 10 --no-write
 
-The Redis URL can point at any Redis (``--redis-url``); by default a private redis-server
-is started on a free port so that its CPU time can be read (INFO cpu).
+``--redis single cluster`` (the default) runs every cell twice, side by side: against a
+private redis-server, and against a private Redis Cluster of three primaries with one
+replica each (loopback ports, ``redis-cli --cluster create``; each replica's gateways
+are pointed at a different node). The CPU time of Redis is read from every node
+(INFO cpu). ``--redis-url`` uses an existing Redis or cluster instead (not flushed).
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ import numpy as np
 import orjson
 import yaml
 from PIL import Image
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from redis_cluster import LocalCluster  # noqa: E402  (the tests' local cluster)
 
 MODEL = "qwen3vl-sim"
 DOCS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "benchmarks")
@@ -221,23 +227,30 @@ async def streams_phase(gws: list[Proc], key: str, n: int) -> int:
     return admitted
 
 
-def redis_cpu(url: str) -> float:
+def redis_cpu(urls: list[str]) -> float:
+    """CPU seconds of every node (a cluster's replicas included: they apply every write)."""
     import redis
-    info = redis.Redis.from_url(url).info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+    total = 0.0
+    for url in urls:
+        info = redis.Redis.from_url(url).info("cpu")
+        total += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+    return total
 
 
-def run_cell(replicas: int, sims: list[Proc], args, tmp: str, redis_url: str) -> dict:
+def run_cell(replicas: int, sims: list[Proc], args, tmp: str, nodes: list[str]) -> dict:
+    """``nodes``: the Redis URLs (one, or every node of a cluster); replica i uses nodes[i % len]."""
     import redis
     if args.own_redis:
-        redis.Redis.from_url(redis_url).flushall()   # our private instance
+        for url in nodes:   # our private instance(s)
+            r = redis.Redis.from_url(url)
+            if r.info("replication").get("role") == "master":
+                r.flushall()
     cell = uuid.uuid4().hex[:8]
     keys = {n: f"{n}-{cell}" for n in ("load", "rpm", "conc")}
     sha = lambda k: hashlib.sha256(k.encode()).hexdigest()  # noqa: E731
     cfg = {"server": {"workers": 1},
-           "redis_url": redis_url,
+           "redis_prefix": f"scale-{cell}",
            "routing": {"policy": "affinity", "health_interval_s": 1.0},
-           "cache": {"redis_prefix": f"vlmgw:scale:{cell}:"},
            "backends": [{"url": s.url + "/v1", "name": f"sim{i}", "engine": "sim", "profile": "h200"}
                         for i, s in enumerate(sims)],
            "auth": {"tenants": [{"name": f"load-{cell}", "key_sha256": sha(keys["load"])},
@@ -245,11 +258,11 @@ def run_cell(replicas: int, sims: list[Proc], args, tmp: str, redis_url: str) ->
                                  "requests_per_minute": args.rpm},
                                 {"name": f"conc-{cell}", "key_sha256": sha(keys["conc"]),
                                  "concurrent_streams": args.streams}]}}
-    path = os.path.join(tmp, f"gw-{replicas}.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump(cfg, f)
     gws = []
     for r in range(replicas):
+        path = os.path.join(tmp, f"gw-{replicas}-{r}.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump({**cfg, "redis_url": nodes[r % len(nodes)]}, f)
         port = free_port()
         gws.append(Proc(vg("serve", "--config", path, "--port", str(port)), port,
                         os.path.join(tmp, f"gw-{replicas}-{r}.log"), "/ready"))
@@ -259,10 +272,10 @@ def run_cell(replicas: int, sims: list[Proc], args, tmp: str, redis_url: str) ->
     prompts = [f"Question {cell}-{i}: explain topic number {i} briefly." for i in range(args.prompts)]
     time.sleep(1.5)   # first scrapes and probes
     cpu0 = {"gateways": sum(cpu_s(g.p.pid) for g in gws), "engines": sum(cpu_s(s.p.pid) for s in sims),
-            "redis": redis_cpu(redis_url) if args.own_redis else 0.0, "client": time.process_time()}
+            "redis": redis_cpu(nodes) if args.own_redis else 0.0, "client": time.process_time()}
     out, wall = asyncio.run(load_phase(gws, args, images, prompts, keys["load"]))
     cpu1 = {"gateways": sum(cpu_s(g.p.pid) for g in gws), "engines": sum(cpu_s(s.p.pid) for s in sims),
-            "redis": redis_cpu(redis_url) if args.own_redis else 0.0, "client": time.process_time()}
+            "redis": redis_cpu(nodes) if args.own_redis else 0.0, "client": time.process_time()}
     metrics_text = "\n".join(aiohttp_get(g.url + "/metrics") for g in gws)
     ok = [r for r in out if r["status"] == 200 and r["ttft"] is not None]
     look = {lv: scrape_sum(metrics_text, "vlm_gateway_cache_lookups_total", level=lv) for lv in ("l1", "l3_exact")}
@@ -273,7 +286,7 @@ def run_cell(replicas: int, sims: list[Proc], args, tmp: str, redis_url: str) ->
         g.stop()
     n = max(1, len(ok))
     return {
-        "replicas": replicas, "offered": args.rate, "sent": len(out), "ok": len(ok), "errors": len(out) - len(ok), "wall": wall,
+        "redis": args.mode, "replicas": replicas, "offered": args.rate, "sent": len(out), "ok": len(ok), "errors": len(out) - len(ok), "wall": wall,
         "rps": len(ok) / wall,
         "ttft_p50": pct([r["ttft"] for r in ok], 0.5) * 1000, "ttft_p99": pct([r["ttft"] for r in ok], 0.99) * 1000,
         "oh_p50": pct([r["overhead"] for r in ok if r["overhead"] is not None], 0.5),
@@ -292,44 +305,52 @@ def aiohttp_get(url: str) -> str:
     return httpx.get(url, timeout=10).text
 
 
+def _redis_words(args) -> str:
+    if not args.own_redis:
+        return args.redis_url
+    words = {"single": "a private redis-server 7", "cluster": "a private Redis Cluster (3 primaries, 1 replica each)"}
+    return " and ".join(words[m] for m in args.redis) + " on loopback"
+
+
 def write(rows: list[dict], args, started: str) -> None:
-    lines = ["## Gateway replicas sharing one Redis (scale)", "",
+    lines = ["## Gateway replicas sharing one Redis or a Redis Cluster (scale)", "",
              f"{args.engines} simulated engines (profile `fast`, {args.token_rate:g} tokens/s per sequence, "
-             f"{args.max_tokens} tokens per answer) behind 1, 2 and 4 gateway processes sharing one Redis "
-             f"({'a private redis-server 7 on loopback' if args.own_redis else args.redis_url}); the same offered "
+             f"{args.max_tokens} tokens per answer) behind 1, 2 and 4 gateway processes sharing "
+             f"{_redis_words(args)} (in a cluster, each replica is pointed at a different node); the same offered "
              f"load per row (Poisson arrivals: {', '.join(f'{r:g}' for r in args.rates)} requests/s) for {args.duration:g} s per cell, round-robin over the "
              f"replicas: half text questions from {args.prompts} distinct prompts at temperature 0 (repeats hit the "
              f"L3 cache), half a 1280x720 JPEG from {args.images} distinct images with a fresh question (the "
              "rewrite is an L1 hit once any replica made it). Fresh gateways and a flushed Redis per cell.", "",
-             "| offered req/s | replicas | req/s achieved | errors | TTFT p50 / p99 (ms, client) | gateway overhead p50 / p99 (ms) "
+             "| Redis | offered req/s | replicas | req/s achieved | errors | TTFT p50 / p99 (ms, client) | gateway overhead p50 / p99 (ms) "
              "| L1 hit | L3 hit | CPU ms/request: gateways / engines / Redis / client |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         c = r["cpu_per_req"]
-        lines.append(f"| {r['offered']:g} | {r['replicas']} | {r['rps']:.1f} | {r['errors']} | {r['ttft_p50']:.0f} / {r['ttft_p99']:.0f} "
+        lines.append(f"| {r['redis']} | {r['offered']:g} | {r['replicas']} | {r['rps']:.1f} | {r['errors']} | {r['ttft_p50']:.0f} / {r['ttft_p99']:.0f} "
                      f"| {r['oh_p50']:.1f} / {r['oh_p99']:.1f} | {r['l1_hit']:.1%} | {r['l3_hit']:.1%} "
                      f"| {c['gateways']:.1f} / {c['engines']:.1f} / {c['redis']:.2f} / {c['client']:.1f} |")
     lines += ["", "Where the CPU went during the load phase (cores busy on average; the machine has "
-              f"{os.cpu_count()}):", "",
-              "| offered req/s | replicas | gateways | engines | Redis | load generator | total |",
-              "|---:|---:|---:|---:|---:|---:|---:|"]
+              f"{os.cpu_count()}; Redis: every node):", "",
+              "| Redis | offered req/s | replicas | gateways | engines | Redis | load generator | total |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         s = r["cpu_share"]
-        lines.append(f"| {r['offered']:g} | {r['replicas']} | {s['gateways']:.2f} | {s['engines']:.2f} | {s['redis']:.3f} | "
+        lines.append(f"| {r['redis']} | {r['offered']:g} | {r['replicas']} | {s['gateways']:.2f} | {s['engines']:.2f} | {s['redis']:.3f} | "
                      f"{s['client']:.2f} | {sum(s.values()):.2f} |")
-    lines += ["", f"Rate limits across replicas (shared token buckets and concurrency slots in Redis, atomic Lua): "
+    lines += ["", f"Rate limits across replicas (shared token buckets and concurrency slots in Redis, atomic Lua; "
+              f"in a cluster a tenant's keys share one hash slot): "
               f"a tenant with `requests_per_minute: {args.rpm}` driven by 32 concurrent clients for "
               f"{args.burst_s:g} s, and one with `concurrent_streams: {args.streams}` opening "
               f"{6 * args.streams} streams at once.", "",
-              "| offered req/s | replicas | admitted (rpm) | bucket bound | excess (goal <= replicas) | streams admitted "
-              "| limit (goal <= limit + replicas) |", "|---:|---:|---:|---:|---:|---:|---:|"]
+              "| Redis | offered req/s | replicas | admitted (rpm) | bucket bound | excess (goal <= replicas) | streams admitted "
+              "| limit (goal <= limit + replicas) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         excess = r["rpm_ok"] - int(r["rpm_bound"])
-        lines.append(f"| {r['offered']:g} | {r['replicas']} | {r['rpm_ok']} | {r['rpm_bound']:.1f} | {max(0, excess)} "
+        lines.append(f"| {r['redis']} | {r['offered']:g} | {r['replicas']} | {r['rpm_ok']} | {r['rpm_bound']:.1f} | {max(0, excess)} "
                      f"| {r['conc_ok']} | {args.streams} |")
     lines += ["", f"Command: `python benchmarks/scale.py {' '.join(sys.argv[1:])}`".rstrip() + " "
               f"({started}; this machine: {os.cpu_count()} cores, shared with other work "
-              "while it ran; Python " + platform.python_version() + ").", "",
+              "while it ran; Python " + platform.python_version() + "). Raw rows: `scale.json`.", "",
               "**Machine caveat.** Every process (engines, gateways, Redis and the load generator) shares the same "
               f"{os.cpu_count()} cores, so adding gateway processes cannot add capacity here: the table shows what "
               "replicas cost and what they share, not how far they scale on separate machines. Run it on a larger "
@@ -337,6 +358,21 @@ def write(rows: list[dict], args, started: str) -> None:
     os.makedirs(DOCS, exist_ok=True)
     with open(os.path.join(DOCS, "scale.md"), "w") as f:
         f.write("\n".join(lines))
+    with open(os.path.join(DOCS, "scale.json"), "wb") as f:
+        f.write(orjson.dumps({"started": started, "argv": sys.argv[1:], "rows": rows}, option=orjson.OPT_INDENT_2))
+
+
+def start_redis(mode: str, tmp: str, procs: list, clusters: list) -> list[str]:
+    """Start a private Redis of ``mode``; the URLs of its nodes."""
+    if mode == "single":
+        port = free_port()
+        procs.append(Proc(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                           "--appendonly", "no"], port, os.path.join(tmp, "redis.log"), None))
+        time.sleep(0.5)
+        return [f"redis://127.0.0.1:{port}/0"]
+    cl = LocalCluster(os.path.join(tmp, "cluster")).start()
+    clusters.append(cl)
+    return [cl.url_of(p) for p in cl.ports]
 
 
 def main() -> None:
@@ -353,22 +389,21 @@ def main() -> None:
     ap.add_argument("--rpm", type=int, default=60)
     ap.add_argument("--burst-s", type=float, default=3.0)
     ap.add_argument("--streams", type=int, default=4)
-    ap.add_argument("--redis-url", default="", help="default: a private redis-server on a free port")
+    ap.add_argument("--redis", nargs="+", choices=["single", "cluster"], default=["single", "cluster"],
+                    help="private Redis kinds to run every cell against, side by side")
+    ap.add_argument("--redis-url", default="", help="an existing Redis or cluster node instead (not flushed)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     args.own_redis = not args.redis_url
     started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     with tempfile.TemporaryDirectory(prefix="vlmgw-scale-") as tmp:
         procs: list[Proc] = []
+        clusters: list[LocalCluster] = []
         try:
-            if args.own_redis:
-                if not shutil.which("redis-server"):
-                    sys.exit("redis-server is not installed; pass --redis-url")
-                port = free_port()
-                procs.append(Proc(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                                   "--appendonly", "no"], port, os.path.join(tmp, "redis.log"), None))
-                args.redis_url = f"redis://127.0.0.1:{port}/0"
-                time.sleep(0.5)
+            if args.own_redis and not (shutil.which("redis-server") and shutil.which("redis-cli")):
+                sys.exit("redis-server and redis-cli are not installed; pass --redis-url")
+            nodes = {m: start_redis(m, tmp, procs, clusters) for m in args.redis} if args.own_redis \
+                else {"given": [args.redis_url]}
             sims = []
             for i in range(args.engines):
                 port = free_port()
@@ -381,15 +416,18 @@ def main() -> None:
             rows = []
             for rate in args.rates:
                 for r in args.replicas:
-                    args.rate = rate
-                    row = run_cell(r, sims, args, tmp, args.redis_url)
-                    print(orjson.dumps(row, option=orjson.OPT_INDENT_2).decode(), flush=True)
-                    rows.append(row)
+                    for mode, urls in nodes.items():   # side by side: same rate and replicas, each Redis
+                        args.rate, args.mode = rate, mode
+                        row = run_cell(r, sims, args, tmp, urls)
+                        print(orjson.dumps(row, option=orjson.OPT_INDENT_2).decode(), flush=True)
+                        rows.append(row)
             if not args.no_write:
                 write(rows, args, started)
         finally:
             for p in reversed(procs):
                 p.stop()
+            for cl in clusters:
+                cl.stop()
 
 
 if __name__ == "__main__":

@@ -411,8 +411,9 @@ class GatewayConfig:
     # Extra/overriding GPU profiles, same shape as the shipped profiles.yaml entries.
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Shared state for several replicas (caches, rate limits); empty = in-process only.
+    # One Redis server or any node of a Redis Cluster (detected from the server; docs/REDIS.md).
     redis_url: str = ""
-    # Every Redis key starts with this and a colon (rate limits, L1 images, L3 answers);
+    # Every Redis key starts with this and a colon (rate limits, L1 images and videos, L3 answers);
     # deployments sharing one Redis need different prefixes. Letters, digits, _ . - only.
     redis_prefix: str = "vlmgw"
 

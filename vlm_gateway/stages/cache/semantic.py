@@ -382,8 +382,9 @@ class SemanticCache:
 
     async def attach_redis(self, url: str, key: str) -> None:
         """Load the persisted entries, then follow new ones in the background."""
-        import redis.asyncio as redis
-        self.redis = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=1.0)
+        from ...redis_clients import async_client
+        # XREAD blocks for 1 s: the socket timeout must be longer
+        self.redis = async_client(url, 5.0, max_connections=4)
         self.stream_key = key
         loaded = 0
         try:

@@ -113,30 +113,18 @@ class RedisStore:
 
     async def flush(self) -> int:
         """Delete every key under the prefix (SCAN, never KEYS: Redis stays responsive)."""
-        n = 0
+        from ...redis_clients import delete_matching
         try:
-            async for batch in _batched(self.client.scan_iter(match=self.prefix + "*", count=1000), 500):
-                n += await self.client.delete(*batch)
+            return await delete_matching(self.client, self.prefix + "*")
         except Exception as e:
             self._failed("flush", e)
-        return n
+            return 0
 
     async def close(self) -> None:
         try:
             await self.client.aclose()
         except Exception:  # pragma: no cover - best effort
             pass
-
-
-async def _batched(it, n: int):
-    batch = []
-    async for x in it:
-        batch.append(x)
-        if len(batch) >= n:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 class TieredStore:

@@ -12,6 +12,7 @@ from collections import OrderedDict
 import orjson
 
 from ... import metrics, redis_keys
+from ...redis_clients import delete_matching
 from .encode import data_uri
 from .rewrite import Rewritten
 
@@ -112,9 +113,7 @@ class L1Cache:
         self.bytes = 0
         if self._redis is not None:
             try:
-                keys = [k async for k in self._redis.scan_iter(self.prefix + "*", count=1000)]
-                for i in range(0, len(keys), 1000):
-                    n += await self._redis.delete(*keys[i:i + 1000])
+                n += await delete_matching(self._redis, self.prefix + "*")
             except Exception as e:  # noqa: BLE001 - the local tier is flushed regardless
                 self._warn(e)
         return n

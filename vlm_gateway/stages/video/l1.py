@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass, fields
 
 import orjson
 
-from ... import metrics
+from ... import metrics, redis_keys
+from ...redis_clients import delete_matching
 
 log = logging.getLogger("vlm_gateway.video")
 
-_PREFIX = "vlmgw:vid1:"
 LEVEL = "l1_video"   # cache level label in metrics and the status page
 
 
@@ -71,8 +71,10 @@ def unpack(blob: bytes) -> VideoEntry:
 
 
 class VideoL1:
-    def __init__(self, max_bytes: int, redis_url: str = "", ttl_s: int = 3600, timeout_s: float = 0.05) -> None:
+    def __init__(self, max_bytes: int, redis_url: str = "", ttl_s: int = 3600, timeout_s: float = 0.05,
+                 redis_prefix: str = redis_keys.DEFAULT_PREFIX) -> None:
         self.max_bytes = max_bytes
+        self.prefix = redis_keys.namespace(redis_prefix, redis_keys.L1_VIDEOS)
         self.ttl_s = ttl_s
         self.bytes = 0
         self._lru: OrderedDict[str, VideoEntry] = OrderedDict()
@@ -104,7 +106,7 @@ class VideoL1:
             self._lru.move_to_end(key)
         elif self._redis is not None:
             try:
-                blob = await self._redis.get(_PREFIX + key)
+                blob = await self._redis.get(self.prefix + key)
             except Exception as err:  # noqa: BLE001 - a miss, never an error
                 self._warn(err)
                 blob = None
@@ -123,7 +125,7 @@ class VideoL1:
         self._put_local(key, e)
         if self._redis is not None:
             try:
-                await self._redis.set(_PREFIX + key, pack(e), ex=self.ttl_s)
+                await self._redis.set(self.prefix + key, pack(e), ex=self.ttl_s)
             except Exception as err:  # noqa: BLE001
                 self._warn(err)
 
@@ -134,9 +136,7 @@ class VideoL1:
         self.bytes = 0
         if self._redis is not None:
             try:
-                keys = [k async for k in self._redis.scan_iter(_PREFIX + "*", count=1000)]
-                for i in range(0, len(keys), 1000):
-                    n += await self._redis.delete(*keys[i:i + 1000])
+                n += await delete_matching(self._redis, self.prefix + "*")
             except Exception as err:  # noqa: BLE001 - the local tier is flushed regardless
                 self._warn(err)
         return n

@@ -104,7 +104,7 @@ class VideoRewriter:
         self.max_bytes = gw.cfg.limits.max_video_bytes
         workers = cfg.pool_workers or max(1, (os.cpu_count() or 2) // 2)
         self.pool = BoundedPool(workers, cfg.max_queue, what="video")
-        self.l1 = VideoL1(cfg.l1_max_bytes, gw.cfg.redis_url, cfg.l1_redis_ttl_s)
+        self.l1 = VideoL1(cfg.l1_max_bytes, gw.cfg.redis_url, cfg.l1_redis_ttl_s, redis_prefix=gw.cfg.redis_prefix)
         self.count: TimestampCounter = qwen_timestamp_tokens
         self.counter_id = "qwen"
         if cfg.tokenizer:
