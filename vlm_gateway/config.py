@@ -200,8 +200,8 @@ class ImagesConfig:
     legible_text_px: float = 5.0
     # ...and the glyph height of dense square text (CJK), which needs more pixels.
     legible_dense_px: float = 9.0
-    # Long side of images without text (legible budget; lower than max_long_side saves more).
-    photo_long_side: int = 768
+    # Long side of images without text (legible budget); 0 = max_long_side. Lower saves more.
+    photo_long_side: int = 0
     # Token grid: 32 for Qwen3-VL (16 px patches merged 2x2), 28 for Qwen2/2.5-VL.
     grid_factor: int = 32
     min_pixels: int = 65536

@@ -326,7 +326,7 @@ RULES: dict[str, Rule] = {
     "images.text_max_long_side": at_least(1),
     "images.legible_text_px": within(1, 64),
     "images.legible_dense_px": within(1, 64),
-    "images.photo_long_side": at_least(1),
+    "images.photo_long_side": at_least(0),
     "images.l1_redis_ttl_s": at_least(1),
     "images.models": image_overrides,
     "cache.ttl_s": at_least(1),
@@ -443,7 +443,7 @@ def _images(ic, key: str) -> None:
     if ic.max_long_side < ic.grid_factor:
         raise ConfigError(f"{key}max_long_side: must be >= {key}grid_factor ({ic.grid_factor}), got {ic.max_long_side}")
     for k in ("detail_low_long_side", "detail_high_long_side", "text_max_long_side", "photo_long_side"):
-        if getattr(ic, k) < ic.grid_factor:
+        if getattr(ic, k) < ic.grid_factor and not (k == "photo_long_side" and ic.photo_long_side == 0):
             raise ConfigError(f"{key}{k}: must be >= {key}grid_factor ({ic.grid_factor}), got {getattr(ic, k)}")
     if ic.max_pixels < ic.min_pixels:
         raise ConfigError(f"{key}max_pixels: must be >= {key}min_pixels ({ic.min_pixels}), got {ic.max_pixels}")

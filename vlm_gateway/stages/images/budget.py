@@ -7,7 +7,8 @@ text, the glyph height of dense CJK-like text):
     legible_floor = ceil_grid(S * need / t)      need = legible_text_px (Latin)
                                                       or legible_dense_px (CJK-like)
     long_side     = clamp(legible_floor, floor, ceiling)
-    floor   = max_long_side (the fixed rule, 768) for text, photo_long_side without text
+    floor   = max_long_side (the fixed rule, 768) for text; without text
+              photo_long_side when set (0: max_long_side), at most max_long_side
     ceiling = text_max_long_side, under the backend profile's image_max_long_side
               (max_pixels bounds the area afterwards, in ``target_size``)
 
@@ -63,16 +64,22 @@ def ceiling(policy: Policy) -> int:
     return max(policy.max_long_side, policy.text_max_long_side)
 
 
+def photo_side(policy: Policy) -> int:
+    """The long side of an image without text: photo_long_side (0: max_long_side), never above it."""
+    p = policy.photo_long_side
+    return max(policy.grid_factor, min(policy.max_long_side, p)) if p > 0 else policy.max_long_side
+
+
 def estimate_side(policy: Policy) -> int:
     """Images above this long side are measured; at or below it they pass through."""
-    return min(policy.max_long_side, policy.photo_long_side)
+    return photo_side(policy)
 
 
 def choose(est: Estimate, source_long: int, policy: Policy) -> Budget:
     """The long side for content of long side ``source_long`` with text ``est``."""
     f = policy.grid_factor
     if est.kind != "text" or est.text_px <= 0:
-        return Budget("no_text", 0.0, max(f, policy.photo_long_side), 0, "no_text")
+        return Budget("no_text", 0.0, photo_side(policy), 0, "no_text")
     dense = est.horizontal >= DENSE_HORIZONTAL
     need = policy.legible_dense_px if dense else policy.legible_text_px
     cls = "dense_text" if dense else "text"

@@ -43,7 +43,7 @@ class Policy:
     text_max_long_side: int = 2560
     legible_text_px: float = 5.0
     legible_dense_px: float = 9.0
-    photo_long_side: int = 768
+    photo_long_side: int = 0  # 0: max_long_side
 
     @property
     def legible(self) -> bool:
@@ -72,7 +72,7 @@ class Policy:
                 return self
             return replace(self, max_long_side=min(cap, self.max_long_side),
                            text_max_long_side=min(cap, self.text_max_long_side),
-                           photo_long_side=min(cap, self.photo_long_side))
+                           photo_long_side=min(cap, self.photo_long_side) if self.photo_long_side else 0)
         if long_side >= self.max_long_side:
             return self
         return replace(self, max_long_side=cap)
