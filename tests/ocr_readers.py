@@ -8,7 +8,7 @@ The metric does not depend on line order or on how a reader splits words: the
 recall of the character bigrams of each ground-truth word (whitespace removed,
 case folded) in the multiset of bigrams of everything the reader returned,
 whitespace removed. Reader outputs are cached on disk by image hash and reader
-(``VLM_GATEWAY_OCR_CACHE``, default ~/.cache/vlm-gateway-ocr), outside the checkout.
+(``OCR_READER_CACHE``, default ~/.cache/vlm-gateway-ocr), outside the checkout.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from PIL import Image
 
-CACHE = Path(os.environ.get("VLM_GATEWAY_OCR_CACHE", Path.home() / ".cache" / "vlm-gateway-ocr"))
+CACHE = Path(os.environ.get("OCR_READER_CACHE", Path.home() / ".cache" / "vlm-gateway-ocr"))
 READERS = ("tesseract", "rapidocr")
 _rapid = None
 _rapid_lock = threading.Lock()

@@ -42,12 +42,48 @@ class Sample:
     data: bytes
     mime: str
     words: list[str] = field(default_factory=list)
+    # (word, (left, top, right, bottom)) of every word drawn entirely inside the image
+    boxes: list[tuple[str, tuple[int, int, int, int]]] = field(default_factory=list)
     lang: str = "eng"  # tesseract language
     text_px: float = 0.0  # font size drawn (the smallest significant one), for the record
 
     @property
     def width_height(self) -> tuple[int, int]:
         return Image.open(io.BytesIO(self.data)).size
+
+    def words_in(self, box: tuple[int, int, int, int]) -> list[str]:
+        """The words drawn entirely inside ``box`` (for reading a crop)."""
+        l, t, r, b = box
+        return [w for w, (x0, y0, x1, y1) in self.boxes if x0 >= l and y0 >= t and x1 <= r and y1 <= b]
+
+
+class Recorder(ImageDraw.ImageDraw):
+    """ImageDraw that records the box of every word it draws (CJK: runs of 4 characters)."""
+
+    def __init__(self, im: Image.Image) -> None:
+        super().__init__(im)
+        self.size = im.size
+        self.boxes: list[tuple[str, tuple[int, int, int, int]]] = []
+
+    def text(self, xy, text, fill=None, font=None, **kw):  # noqa: D102
+        super().text(xy, text, fill=fill, font=font, **kw)
+        x, y = xy
+        parts = text.split(" ") if " " in text or text.isascii() else [text[i:i + 4] for i in range(0, len(text), 4)]
+        pos = 0
+        for i, w in enumerate(parts):
+            if not w:
+                continue
+            prefix = (" ".join(parts[:i]) + " ") if " " in text and i else "".join(parts[:i])
+            x0 = x + (self.textlength(prefix, font=font) if prefix else 0)
+            l, t, r, b = font.getbbox(w)
+            box = (int(x0 + l), int(y + t), int(x0 + r + 1), int(y + b + 1))
+            if box[0] >= 0 and box[1] >= 0 and box[2] <= self.size[0] and box[3] <= self.size[1]:
+                self.boxes.append((w, box))
+            pos += 1
+
+
+def _draw(im: Image.Image) -> Recorder:
+    return Recorder(im)
 
 
 @lru_cache(maxsize=64)
@@ -96,7 +132,7 @@ def ui(w: int, h: int, px: int, seed: int, path: str = SANS) -> tuple[Image.Imag
     """A desktop window: title bar, sidebar, toolbar, a content pane of text, buttons."""
     rng = np.random.default_rng(seed)
     im = Image.new("RGB", (w, h), (250, 250, 252))
-    d = ImageDraw.Draw(im)
+    d = _draw(im)
     words: list[str] = []
     bar = int(px * 2.4)
     d.rectangle([0, 0, w, bar], fill=(40, 44, 52))
@@ -114,13 +150,13 @@ def ui(w: int, h: int, px: int, seed: int, path: str = SANS) -> tuple[Image.Imag
         words.extend(ws)
         x += int(tw + 3 * px)
     _lines(d, rng, (side + px, bar + 5 * px, w - px, h - px), px, path, (25, 25, 30), words)
-    return im, words
+    return im, d.boxes
 
 
 def terminal(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[str]]:
     rng = np.random.default_rng(seed)
     im = Image.new("RGB", (w, h), (30, 30, 36))
-    d = ImageDraw.Draw(im)
+    d = _draw(im)
     words: list[str] = []
     f = font(MONO, px)
     y = px // 2
@@ -135,14 +171,14 @@ def terminal(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[str]
         d.text((px // 2, y), line, font=f, fill=colours[int(rng.integers(0, 4))])
         words.extend(ws)
         y += int(px * 1.25)
-    return im, words
+    return im, d.boxes
 
 
 def dashboard(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[str]]:
     """Panels with a title, a line chart or bars, axis tick labels and a legend."""
     rng = np.random.default_rng(seed)
     im = Image.new("RGB", (w, h), (245, 246, 248))
-    d = ImageDraw.Draw(im)
+    d = _draw(im)
     words: list[str] = []
     cols, rows = 3, 2
     pw, ph = w // cols, h // rows
@@ -180,13 +216,13 @@ def dashboard(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[str
             leg = _phrase(rng, 2)
             d.text((x1 - 14 * px, y0 + 8), " ".join(leg), font=font(SANS, px), fill=(60, 60, 60))
             words.extend(leg)
-    return im, words
+    return im, d.boxes
 
 
 def spreadsheet(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[str]]:
     rng = np.random.default_rng(seed)
     im = Image.new("RGB", (w, h), (255, 255, 255))
-    d = ImageDraw.Draw(im)
+    d = _draw(im)
     words: list[str] = []
     rh = int(px * 1.9)
     cw = int(px * 9)
@@ -205,20 +241,20 @@ def spreadsheet(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[s
             if d.textlength(v, font=f) < cw - 6:
                 d.text((x + 4, y + (rh - px) // 2), v, font=f, fill=(20, 20, 20))
                 words.append(v)
-    return im, words
+    return im, d.boxes
 
 
 def document(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[str]]:
     rng = np.random.default_rng(seed)
     im = Image.new("RGB", (w, h), (255, 255, 255))
-    d = ImageDraw.Draw(im)
+    d = _draw(im)
     words: list[str] = []
     m = w // 9
     head = _phrase(rng, 4)
     d.text((m, m // 2), " ".join(head), font=font(SERIF, int(px * 1.8)), fill=(0, 0, 0))
     words.extend(head)
     _lines(d, rng, (m, m // 2 + px * 4, w - m, h - m), px, SERIF, (10, 10, 10), words, 1.45, (8, 14))
-    return im, words
+    return im, d.boxes
 
 
 def scan(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[str]]:
@@ -235,7 +271,7 @@ def scan(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[str]]:
 def phone(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[str]]:
     rng = np.random.default_rng(seed)
     im = Image.new("RGB", (w, h), (255, 255, 255))
-    d = ImageDraw.Draw(im)
+    d = _draw(im)
     words: list[str] = []
     d.rectangle([0, 0, w, px * 5], fill=(245, 245, 247))
     t = _phrase(rng, 2)
@@ -252,14 +288,14 @@ def phone(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[str]]:
         d.text((2 * px, y + int(px * 1.4)), line, font=font(SANS, px), fill=(20, 20, 20))
         words.extend(ws)
         y += px * 5
-    return im, words
+    return im, d.boxes
 
 
 def cjk(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[str]]:
     """A UI pane of Chinese text (dense square glyphs)."""
     rng = np.random.default_rng(seed)
     im = Image.new("RGB", (w, h), (252, 252, 252))
-    d = ImageDraw.Draw(im)
+    d = _draw(im)
     words: list[str] = []
     f = font(CJK, px)
     d.rectangle([0, 0, w, px * 3], fill=(40, 44, 52))
@@ -272,7 +308,7 @@ def cjk(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[str]]:
         d.text((px, y), line, font=f, fill=(20, 20, 20))
         words.append(line)
         y += int(px * 1.7)
-    return im, words
+    return im, d.boxes
 
 
 def photo(w: int, h: int, seed: int) -> Image.Image:
@@ -284,23 +320,24 @@ def photo(w: int, h: int, seed: int) -> Image.Image:
 def captioned(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[str]]:
     rng = np.random.default_rng(seed)
     im = photo(w, h, seed)
-    d = ImageDraw.Draw(im)
+    d = _draw(im)
     words = _phrase(rng, 5)
     f = font(SANS_BOLD, px)
     tw = d.textlength(" ".join(words), font=f)
     y = h - px * 3
     d.rectangle([0, y - px // 2, w, h], fill=(0, 0, 0))
     d.text(((w - tw) / 2, y), " ".join(words), font=f, fill=(255, 255, 255))
-    return im, words
+    return im, d.boxes
 
 
 def samples(per_class: int = 3) -> list[Sample]:
     """The corpus: a few images per class (``per_class`` caps it for the CI subset)."""
     out: list[Sample] = []
 
-    def add(cls, name, im, words, fmt="png", q=90, lang="eng", px=0.0):
+    def add(cls, name, im, boxes, fmt="png", q=90, lang="eng", px=0.0):
         data = _png(im) if fmt == "png" else _jpeg(im, q)
-        out.append(Sample(cls, name, data, "image/png" if fmt == "png" else "image/jpeg", words, lang, px))
+        out.append(Sample(cls, name, data, "image/png" if fmt == "png" else "image/jpeg", [w for w, _ in boxes],
+                          boxes, lang, px))
 
     def take(cls, items):
         for it in items[:per_class]:
