@@ -196,10 +196,10 @@ class ImagesConfig:
     # image_max_long_side and max_pixels still bound it.
     text_max_long_side: int = 2560
     # Legible text size after scaling, in px: the x-height of Latin text (measured with
-    # tesseract and RapidOCR: below ~5 px recall drops, docs/TUNING.md)...
-    legible_text_px: float = 5.0
+    # tesseract and RapidOCR on light-on-dark terminal text: 6.5 px keeps recall, docs/TUNING.md)..
+    legible_text_px: float = 6.5
     # ...and the glyph height of dense square text (CJK), which needs more pixels.
-    legible_dense_px: float = 9.0
+    legible_dense_px: float = 12.0
     # Long side of images without text (legible budget); 0 = max_long_side. Lower saves more.
     photo_long_side: int = 0
     # Token grid: 32 for Qwen3-VL (16 px patches merged 2x2), 28 for Qwen2/2.5-VL.
