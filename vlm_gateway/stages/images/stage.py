@@ -101,6 +101,14 @@ class ImageRewriter:
     async def rewritten(self, part: "ImagePart", src: Source, policy: Policy,
                         req: "ChatRequest | None" = None) -> tuple[Rewritten, str]:
         """(result, outcome). ``result.url`` None = send the original string."""
+        r, outcome = await self._rewritten(part, src, policy, req)
+        if r.budget is not None and not policy.legible and r.budget.reason != policy.budget:
+            # the fixed rule and a client's own size share cached bytes; the reason is this request's
+            r = replace(r, budget=replace(r.budget, reason=policy.budget))
+        return r, outcome
+
+    async def _rewritten(self, part: "ImagePart", src: Source, policy: Policy,
+                         req: "ChatRequest | None" = None) -> tuple[Rewritten, str]:
         header = src.header
         if src.kind == "url_passthrough":
             return Rewritten(None, b"", "", 0, 0, 0, 0, 0, 0, 0), "url_passthrough"
