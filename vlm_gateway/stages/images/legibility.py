@@ -1,14 +1,15 @@
 """A cheap estimate of how small the significant text in an image is (or that it has none).
 
-Contract: ``estimate(im, scale)`` -> ``Estimate`` (class, text height in source pixels,
-stroke density), on a decoded image that may be reduced (``scale`` = source px per
-decoded px: the size is converted back). Cost: a grayscale view, every second column,
-integer row profiles; about 1-2 ms for a 1080p image on one core.
+Contract: ``estimate(im, scale)`` -> ``Estimate`` (kind, text height in source pixels,
+stroke measures), on a decoded image that may be reduced (``scale`` = source px per
+decoded px: the size is converted back). Cost: grayscale of every second 192 px strip
+(a quarter of the pixels after the column subsample), integer row profiles; about 1.5x
+one full-frame grayscale conversion (docs/benchmarks/quality.md).
 
 The rule. Text is rows of dense horizontal contrast (vertical strokes) separated by
 quiet rows; texture is contrast without that rhythm.
-1. Edge map: |g[y, x+2] - g[y, x]| >= EDGE on every second column (both polarities:
-   dark on light and light on dark alike).
+1. Edge map: |g[y, x+2] - g[y, x]| >= EDGE on every second column of every second
+   strip (both polarities: dark on light and light on dark alike).
 2. Long vertical rules (table grid lines, chart axes, bar sides) are taken out: a column
    edged in >= 90 % of a 32-row band is a rule, not a glyph. Horizontal rules give no
    horizontal contrast and never count.
@@ -20,8 +21,9 @@ quiet rows; texture is contrast without that rhythm.
    enough; a strip is text when its lines hold most of its active rows (texture: long
    or ragged runs) and there are >= 2 of them.
 5. The text size is a low quantile (25th) of the line heights over all text strips, the
-   small text that must stay legible, not the headline; CJK-like density (many strokes
-   per glyph height) is reported so the budget can ask for more pixels.
+   small text that must stay legible, not the headline. Inside the lines, horizontal
+   strokes per vertical stroke (``horizontal``) tell dense square CJK glyphs (0.6-0.75)
+   from Latin text and digits (0.25-0.45), so the budget can ask them for more pixels.
 """
 
 from __future__ import annotations
