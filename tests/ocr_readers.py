@@ -82,13 +82,23 @@ def rapidocr(png: bytes) -> str:
     return "\n".join(r[1] for r in (res or []))
 
 
+def _path(im: Image.Image, reader: str, lang: str) -> Path:
+    h = hashlib.sha256(im.tobytes() + repr((im.size, im.mode)).encode()).hexdigest()[:32]
+    return CACHE / reader / f"{h}.{lang}.txt"
+
+
+def cached(im: Image.Image, reader: str, lang: str = "eng") -> str | None:
+    """The reader's text for ``im`` if it was read before, else None (nothing is run)."""
+    path = _path(im, reader, lang)
+    return path.read_text("utf-8") if path.exists() else None
+
+
 def read(im: Image.Image, reader: str, lang: str = "eng") -> str:
     """The reader's text for ``im`` (cached on disk by pixels hash + reader + language)."""
-    png = _png(im)
-    h = hashlib.sha256(im.tobytes() + repr((im.size, im.mode)).encode()).hexdigest()[:32]
-    path = CACHE / reader / f"{h}.{lang}.txt"
+    path = _path(im, reader, lang)
     if path.exists():
         return path.read_text("utf-8")
+    png = _png(im)
     text = tesseract(png, lang) if reader == "tesseract" else rapidocr(png)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
