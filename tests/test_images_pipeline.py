@@ -73,10 +73,15 @@ def test_policy_off_and_budgets():
 def test_screenshot_margins_trimmed_and_flat_output_lossless():
     r = rewrite_bytes(C.screenshot_png())
     assert r.trimmed
-    # content 1200x900 of the 1920x1080 frame -> 768 long side, aspect of the content kept
-    assert r.width == 768 and abs(r.width / r.height - 1200 / 900) < 0.1
+    # content 1200x900 of the 1920x1080 frame; its small text (Pillow's bitmap font) needs more
+    # than 768: the legible budget's long side, above the fixed rule, aspect of the content kept
+    assert r.budget.cls == "text" and r.budget.reason == "legible" and 768 < r.budget.long_side < 1200
+    assert r.width == r.budget.long_side and abs(r.width / r.height - 1200 / 900) < 0.1
     im = np.asarray(out_image(r).convert("RGB"))
     assert (im[0] != 255).any()  # the window border reaches the top edge: no white margin left
+    # the fixed rule: the content to 768
+    f = rewrite_bytes(C.screenshot_png(), Policy(budget="fixed"))
+    assert f.trimmed and f.width == 768 and abs(f.width / f.height - 1200 / 900) < 0.1
 
 
 def test_letterbox_trimmed_content_kept():

@@ -63,6 +63,8 @@ def test_playground_upload_rewrite_and_streamed_answer(servers, tmp_path):
     assert page["tokens_before"] == 2040 and page["tokens_after"] == 336
     assert page["bytes_before"] == src_bytes and 0 < page["bytes_after"] < src_bytes
     assert "2,040 → 336 (−84%)" in page["saving"]
+    # the long-side decision: a street scene has no text, the photo rule applies
+    assert "budget: long side 768 (no text found; no_text)" in page["saving"], page["saving"]
     # the frame of the rewritten image (no border to trim: the whole image, 2.5x) and the
     # coordinate mapping, from the answer's headers
     assert page["frame_after"] == "whole image · ×2.500 / ×2.411", page["frame_after"]

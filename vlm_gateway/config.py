@@ -187,6 +187,21 @@ class ImagesConfig:
     # are still fetched safely, checked and counted like every media part).
     enabled: bool = True
     max_long_side: int = 768
+    # How the long side is chosen (docs/IMAGES.md): legible = from the size of the text the
+    # image holds, the smallest long side that keeps it legible, between max_long_side and
+    # text_max_long_side (photos without text: photo_long_side); fixed = max_long_side for
+    # every image. detail low/high and the x-vlm-gateway-image-policy header win over both.
+    budget: Literal["legible", "fixed"] = "legible"
+    # Ceiling for images with small text (legible budget); the backend profile's
+    # image_max_long_side and max_pixels still bound it.
+    text_max_long_side: int = 2560
+    # Legible text size after scaling, in px: the x-height of Latin text (measured with
+    # tesseract and RapidOCR on light-on-dark terminal text: 6.5 px keeps recall, docs/TUNING.md)..
+    legible_text_px: float = 6.5
+    # ...and the glyph height of dense square text (CJK), which needs more pixels.
+    legible_dense_px: float = 12.0
+    # Long side of images without text (legible budget); 0 = max_long_side. Lower saves more.
+    photo_long_side: int = 0
     # Token grid: 32 for Qwen3-VL (16 px patches merged 2x2), 28 for Qwen2/2.5-VL.
     grid_factor: int = 32
     min_pixels: int = 65536
@@ -348,6 +363,9 @@ class TenantConfig:
     cache_scope: str = ""
     # false: answers keep the model's own coordinates (and images are not trimmed) for this tenant.
     map_coordinates: bool = True
+    # Image settings for this tenant's requests, over the global and per-model ones: the keys
+    # images.models accepts (e.g. {budget: fixed} or {text_max_long_side: 1920}).
+    images: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -267,7 +267,8 @@ def model_dir(v: str, cfg) -> str | None:
 
 
 def image_overrides(v: dict, cfg) -> str | None:
-    """images.models: {model: {key: value}}; checked in ``_across`` against the images rules."""
+    """images.models: {model: {key: value}}, a tenant's images: {key: value}; checked in ``_across``
+    against the images rules."""
     return None
 
 
@@ -322,6 +323,10 @@ RULES: dict[str, Rule] = {
     "images.trim_tolerance": within(0, 255),
     "images.jpeg_quality": within(1, 100),
     "images.prescale_gap": at_least(1.0),
+    "images.text_max_long_side": at_least(1),
+    "images.legible_text_px": within(1, 64),
+    "images.legible_dense_px": within(1, 64),
+    "images.photo_long_side": at_least(0),
     "images.l1_redis_ttl_s": at_least(1),
     "images.models": image_overrides,
     "cache.ttl_s": at_least(1),
@@ -337,6 +342,7 @@ RULES: dict[str, Rule] = {
     "auth.tenants[].key_sha256": sha256_hex,
     "auth.tenants[].models": non_empty_names,
     "auth.tenants[].cache_scope": lambda v, c: None if not _CONTROL.search(v) else "no control characters",
+    "auth.tenants[].images": image_overrides,
     "auth.admin_key_sha256": lambda v, c: sha256_hex(v, c, optional=True),
     "limits.max_messages": at_least(1),
     "simulator.profile": sim_profile,
@@ -384,6 +390,7 @@ FREE: dict[str, str] = {
     "backends[].engine": "a Literal",
     "images.url_mode": "a Literal",
     "images.resample": "a Literal",
+    "images.budget": "a Literal",
     "cache.mode": "a Literal",
     "discovery[].kind": "a Literal",
     "discovery[].address_family": "a Literal",
@@ -435,35 +442,43 @@ def _images(ic, key: str) -> None:
     from .config import ConfigError
     if ic.max_long_side < ic.grid_factor:
         raise ConfigError(f"{key}max_long_side: must be >= {key}grid_factor ({ic.grid_factor}), got {ic.max_long_side}")
-    for k in ("detail_low_long_side", "detail_high_long_side"):
-        if getattr(ic, k) < ic.grid_factor:
+    for k in ("detail_low_long_side", "detail_high_long_side", "text_max_long_side", "photo_long_side"):
+        if getattr(ic, k) < ic.grid_factor and not (k == "photo_long_side" and ic.photo_long_side == 0):
             raise ConfigError(f"{key}{k}: must be >= {key}grid_factor ({ic.grid_factor}), got {getattr(ic, k)}")
     if ic.max_pixels < ic.min_pixels:
         raise ConfigError(f"{key}max_pixels: must be >= {key}min_pixels ({ic.min_pixels}), got {ic.max_pixels}")
 
 
-def _across(cfg: "GatewayConfig") -> None:
-    from .config import _COORDINATE_KEYS, ConfigError, ImagesConfig, _convert
-    _images(cfg.images, "images.")
+def _image_overrides(cfg: "GatewayConfig", over, base: str, extra_keys: tuple[str, ...]) -> None:
+    """A mapping of image keys over the global section (images.models.NAME, a tenant's images)."""
+    from .config import ConfigError, ImagesConfig, _convert
     from .stages.images.policy import _OVERRIDABLE
     hints = typing.get_type_hints(ImagesConfig)
+    if not isinstance(over, dict):
+        raise ConfigError(f"{base}: expected a mapping of image keys, got {over!r}")
+    values = {}
+    for k, v in over.items():
+        if k in extra_keys:  # the model's grounding keys: config._validate_model_coordinates
+            continue
+        if k not in _OVERRIDABLE:
+            raise ConfigError(f"{base}.{k}: not a per-{'model' if extra_keys else 'tenant'} image key; allowed: "
+                              f"{', '.join((*_OVERRIDABLE, *extra_keys))}")
+        values[k] = _convert(hints[k], v, f"{base}.{k}")
+        problem = RULES.get(f"images.{k}", at_least(0))(values[k], cfg) \
+            if not isinstance(values[k], (bool, str)) else None
+        if problem:
+            raise ConfigError(f"{base}.{k}: {problem}")
+    _images(dataclasses.replace(cfg.images, **values), f"{base}.")
+
+
+def _across(cfg: "GatewayConfig") -> None:
+    from .config import _COORDINATE_KEYS, ConfigError
+    _images(cfg.images, "images.")
     for model, over in cfg.images.models.items():
-        base = f"images.models.{model}"
-        if not isinstance(over, dict):
-            raise ConfigError(f"{base}: expected a mapping of image keys, got {over!r}")
-        values = {}
-        for k, v in over.items():
-            if k in _COORDINATE_KEYS:  # the model's grounding keys: config._validate_model_coordinates
-                continue
-            if k not in _OVERRIDABLE:
-                raise ConfigError(f"{base}.{k}: not a per-model image key; allowed: "
-                                  f"{', '.join((*_OVERRIDABLE, *_COORDINATE_KEYS))}")
-            values[k] = _convert(hints[k], v, f"{base}.{k}")
-            problem = RULES.get(f"images.{k}", at_least(0))(values[k], cfg) \
-                if not isinstance(values[k], (bool, str)) else None
-            if problem:
-                raise ConfigError(f"{base}.{k}: {problem}")
-        _images(dataclasses.replace(cfg.images, **values), f"{base}.")
+        _image_overrides(cfg, over, f"images.models.{model}", _COORDINATE_KEYS)
+    for i, t in enumerate(cfg.auth.tenants):
+        if t.images:
+            _image_overrides(cfg, t.images, f"auth.tenants[{i}].images", ())
     if cfg.routing.eject_max_s < cfg.routing.eject_base_s:
         raise ConfigError(f"routing.eject_max_s: must be >= routing.eject_base_s ({cfg.routing.eject_base_s:g}), "
                           f"got {cfg.routing.eject_max_s:g}")

@@ -47,7 +47,7 @@ NOTES: dict[str, str] = {
     "routing.affinity_ttl_s": "How long a prefix -> backend affinity is remembered.",
     "routing.affinity_max_entries": "Affinity entries kept (LRU).",
     "images.enabled": "Rewrite `image_url` parts (off: images are forwarded untouched).",
-    "images.max_long_side": "Image budget: the long side (px) images are downscaled to, snapped to the token grid.",
+    "images.max_long_side": "Image budget: the long side (px) images are downscaled to, snapped to the token grid (budget: fixed); with the legible budget the floor, and at or below it images pass through.",
     "images.min_pixels": "The model's min_pixels (Qwen-VL processor); smaller images are upscaled by the model anyway.",
     "images.max_pixels": "The model's max_pixels (Qwen-VL processor).",
     "images.detail_low_long_side": "Budget for `image_url.detail: low`.",

@@ -40,6 +40,9 @@ VISUAL_TOKENS = Counter("vlm_gateway_visual_tokens_total",
 IMAGE_BYTES = Counter("vlm_gateway_image_bytes_total", "Image bytes in (source) and out (sent)",
                       ("direction",))
 IMAGES = Counter("vlm_gateway_images_total", "Images handled by outcome", ("outcome",))
+# class: text | dense_text | no_text | unmeasured; reason: budget.REASONS (both bounded)
+IMAGE_BUDGETS = Counter("vlm_gateway_image_budgets_total", "Long-side decisions for images over the pass-through size",
+                        ("class", "reason"))
 REWRITE_SECONDS = Histogram("vlm_gateway_image_rewrite_seconds", "Image rewrite time (decode+resize+encode)",
                             buckets=_FAST[3:] + (2.5,))
 CACHE_LOOKUPS = Counter("vlm_gateway_cache_lookups_total", "Cache lookups per level", ("level",))

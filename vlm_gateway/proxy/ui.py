@@ -118,6 +118,15 @@ def _decode_data_uri(value: Any) -> tuple[bytes, str]:
         raise BadRequest("'image' is not valid base64", param="image", code="invalid_image") from None
 
 
+def _budget_info(r) -> dict[str, Any] | None:
+    """The long-side decision as the x-vlm-gateway-image-budget header reports it."""
+    b = r.budget
+    if b is None:
+        return None
+    return {"class": b.cls, "text_px": round(b.text_px, 1), "long_side": b.long_side,
+            "legible_floor": b.legible_floor, "reason": b.reason}
+
+
 async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: str) -> tuple[str, dict]:
     """Run the gateway's own image stage on a one-image chat request, as a real
     request would go through it (same policy, same L1 cache), for the backend the
@@ -146,6 +155,7 @@ async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: 
     info: dict[str, Any] = {"tokens_before": image.tokens_before, "tokens_after": image.tokens_after}
     if plan.get("results"):
         info["conversions"] = list(plan["results"][0][0].conversions)
+        info["image_budget"] = _budget_info(plan["results"][0][0])
     try:
         backend = gw.pool.policy.rank(req, gw.pool.candidates(req))[0]
     except GatewayError:
@@ -158,11 +168,13 @@ async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: 
         if capped != pol:
             r, _ = await rewriter.rewritten(image, plan["sources"][0], capped)
             info["tokens_after"] = r.tokens_after
-            info["budget"] = capped.max_long_side
+            info["budget"] = r.budget.long_side if r.budget is not None else capped.max_long_side
+            info["image_budget"] = _budget_info(r)
             info["conversions"] = list(r.conversions)
             return (r.url or data_uri), {**info, "rewritten": r.url is not None}
     if plan.get("policies"):
-        info["budget"] = plan["policies"][0].max_long_side
+        b = plan["results"][0][0].budget if plan.get("results") else None
+        info["budget"] = b.long_side if b is not None else plan["policies"][0].max_long_side
     url = image.url
     return url, {**info, "rewritten": url != data_uri}
 
@@ -212,6 +224,7 @@ def routes_rewrite(cfg: GatewayConfig):
         return _json({"model": model, "detail": detail, "before": before, "after": after,
                       "rewritten": info.get("rewritten", False), "reason": info.get("reason"),
                       "backend": info.get("backend"), "budget": info.get("budget"),
+                      "image_budget": info.get("image_budget"),
                       "tokens_saved": before["tokens"] - after["tokens"],
                       "rewrite_ms": round(ms, 2), "image": out_uri,
                       "conversions": info.get("conversions", [])})

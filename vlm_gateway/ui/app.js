@@ -127,6 +127,13 @@ async function run(ev) {
     if (rw.conversions && rw.conversions.length) {
       $("saving").textContent += ` · converted for the engine: ${rw.conversions.join(", ")}`;
     }
+    const b = rw.image_budget;
+    if (b) {
+      const what = b.class === "no_text" ? "no text found"
+        : b.class === "unmeasured" ? "fixed long side"
+        : `${b.class === "dense_text" ? "dense (CJK-like) text" : "text"} ~${b.text_px} px, legible from ${b.legible_floor} px`;
+      $("saving").textContent += ` · budget: long side ${b.long_side} (${what}; ${b.reason})`;
+    }
     await ask(model, detail);
   } catch (e) {
     showError(e.message);

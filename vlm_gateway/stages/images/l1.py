@@ -13,6 +13,7 @@ import orjson
 
 from ... import metrics, redis_keys
 from ...redis_clients import delete_matching
+from .budget import Budget
 from .encode import data_uri
 from .rewrite import Rewritten
 
@@ -25,7 +26,8 @@ def _size(r: Rewritten) -> int:
 
 def pack(r: Rewritten) -> bytes:
     meta = orjson.dumps([r.mime, r.width, r.height, r.source_width, r.source_height, r.source_bytes,
-                         r.tokens_before, r.tokens_after, r.trimmed, list(r.view), list(r.conversions)])
+                         r.tokens_before, r.tokens_after, r.trimmed, list(r.view), list(r.conversions),
+                         r.budget.pack() if r.budget is not None else None])
     return struct.pack(">I", len(meta)) + meta + r.data
 
 
@@ -36,9 +38,10 @@ def unpack(blob: bytes) -> Rewritten:
     if not view and (trimmed or (w, h) != (sw, sh)):
         raise ValueError("an entry without its view (written before views were kept): a miss")
     conversions = tuple(str(c) for c in rest[1]) if len(rest) > 1 and isinstance(rest[1], list) else ()
+    budget = Budget.unpack(rest[2]) if len(rest) > 2 else None
     data = blob[4 + n:]
     return Rewritten(data_uri(data, mime), data, mime, w, h, sw, sh, sb, tb, ta, trimmed, view=view,
-                     conversions=conversions)
+                     conversions=conversions, budget=budget)
 
 
 class L1Cache:

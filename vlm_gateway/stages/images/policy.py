@@ -1,6 +1,9 @@
 """The rewrite policy for one image: budget, token grid and encoder settings,
-resolved from global config, per-model overrides, ``detail`` and the
-``x-vlm-gateway-image-policy`` header, then capped by the chosen backend."""
+resolved from global config, per-model overrides, the tenant's ``images`` settings,
+``detail`` and the ``x-vlm-gateway-image-policy`` header (later wins), then capped
+by the chosen backend. Where the client asked for a size (``detail``, the header)
+the fixed rule applies at that size; otherwise ``budget`` picks the rule
+(``legible``: budget.py, from the text the image holds; ``fixed``: max_long_side)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ if TYPE_CHECKING:
 POLICY_HEADER = "x-vlm-gateway-image-policy"
 _OVERRIDABLE = ("max_long_side", "grid_factor", "min_pixels", "max_pixels", "detail_low_long_side",
                 "detail_high_long_side", "trim_borders", "trim_tolerance", "jpeg_quality", "resample",
-                "prescale_gap")
+                "prescale_gap", "budget", "text_max_long_side", "legible_text_px", "legible_dense_px",
+                "photo_long_side")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,27 +37,52 @@ class Policy:
     prescale_gap: float = 1.2
     # "off": never rewrite (a backend cap still applies)
     enabled: bool = True
+    # legible: the long side from the text the image holds (budget.py); fixed: max_long_side;
+    # client: max_long_side as the client asked (detail, the policy header)
+    budget: str = "legible"
+    text_max_long_side: int = 2560
+    legible_text_px: float = 6.5
+    legible_dense_px: float = 12.0
+    photo_long_side: int = 0  # 0: max_long_side
+
+    @property
+    def legible(self) -> bool:
+        return self.enabled and self.budget == "legible"
 
     @property
     def key(self) -> str:
-        return (f"{self.max_long_side if self.enabled else 0}/{self.grid_factor}/{self.min_pixels}/"
+        base = (f"{self.max_long_side if self.enabled else 0}/{self.grid_factor}/{self.min_pixels}/"
                 f"{self.trim_borders:d}{self.trim_tolerance}/q{self.jpeg_quality}/{self.resample}/"
                 f"{self.prescale_gap:g}")
+        if not self.legible:
+            return base
+        # everything the legible rule reads changes the output; max_pixels bounds the area
+        return (f"{base}/L{self.text_max_long_side}/{self.legible_text_px:g}/{self.legible_dense_px:g}/"
+                f"{self.photo_long_side}/{self.max_pixels}")
 
     def capped(self, long_side: int | None) -> "Policy":
         """This policy under a backend's hard limit on the long side."""
         if not long_side or long_side <= 0:
             return self
         if not self.enabled:
-            return replace(self, enabled=True, max_long_side=int(long_side), trim_borders=False)
+            return replace(self, enabled=True, budget="fixed", max_long_side=int(long_side), trim_borders=False)
+        cap = max(self.grid_factor, int(long_side))
+        if self.legible:
+            if cap >= max(self.max_long_side, self.text_max_long_side, self.photo_long_side):
+                return self
+            return replace(self, max_long_side=min(cap, self.max_long_side),
+                           text_max_long_side=min(cap, self.text_max_long_side),
+                           photo_long_side=min(cap, self.photo_long_side) if self.photo_long_side else 0)
         if long_side >= self.max_long_side:
             return self
-        return replace(self, max_long_side=max(self.grid_factor, int(long_side)))
+        return replace(self, max_long_side=cap)
 
 
-def model_settings(cfg: "ImagesConfig", model: str) -> dict[str, Any]:
+def model_settings(cfg: "ImagesConfig", model: str, tenant: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Global settings, then the model's overrides, then the tenant's (``auth.tenants[].images``)."""
     s = {k: getattr(cfg, k) for k in _OVERRIDABLE}
     s.update({k: v for k, v in (cfg.models.get(model) or {}).items() if k in _OVERRIDABLE})
+    s.update({k: v for k, v in (tenant or {}).items() if k in _OVERRIDABLE})
     return s
 
 
@@ -76,18 +105,23 @@ def parse_header(value: str | None) -> str | int:
     return n
 
 
-def resolve(cfg: "ImagesConfig", model: str, header: str | int, detail: str | None) -> Policy:
-    s = model_settings(cfg, model)
+def resolve(cfg: "ImagesConfig", model: str, header: str | int, detail: str | None,
+            tenant: dict[str, Any] | None = None) -> Policy:
+    s = model_settings(cfg, model, tenant)
     long_side = s["max_long_side"]
+    budget = str(s["budget"])
     if detail == "low":
-        long_side = s["detail_low_long_side"]
+        long_side, budget = s["detail_low_long_side"], "client"
     elif detail == "high":
-        long_side = s["detail_high_long_side"]
+        long_side, budget = s["detail_high_long_side"], "client"
     if isinstance(header, int):
-        long_side = header
+        long_side, budget = header, "client"
     factor = int(s["grid_factor"])
     return Policy(max_long_side=max(factor, int(long_side)), grid_factor=factor,
                   min_pixels=int(s["min_pixels"]), max_pixels=int(s["max_pixels"]),
                   trim_borders=bool(s["trim_borders"]), trim_tolerance=int(s["trim_tolerance"]),
                   jpeg_quality=int(s["jpeg_quality"]), resample=str(s["resample"]),
-                  prescale_gap=float(s["prescale_gap"]), enabled=header != "off")
+                  prescale_gap=float(s["prescale_gap"]), enabled=header != "off", budget=budget,
+                  text_max_long_side=int(s["text_max_long_side"]), legible_text_px=float(s["legible_text_px"]),
+                  legible_dense_px=float(s["legible_dense_px"]), photo_long_side=int(s["photo_long_side"]))
+

@@ -1,6 +1,10 @@
 """The CPU pipeline for one image: header probe -> open with the real size checked
 -> (within budget: verify, then pass through, or convert what engines would read
-differently | over budget: decode with DCT scaling -> trim -> downscale) -> encode.
+differently | over budget: decode with DCT scaling -> trim -> the long side
+(``decide``: budget.py from legibility.py's estimate, or the fixed rule) ->
+downscale) -> encode. The legible rule measures on the decode the fixed rule pays
+for anyway, at least ``ESTIMATE_LONG`` px (a 1080p JPEG decodes in full, a 12 MP
+photo at 1/4); text a reduced decode cannot show (under ~3 decoded px) counts as none.
 Synchronous and pure: the stage runs it in the bounded pool; the playground and
 the benchmark call it directly."""
 
@@ -10,13 +14,17 @@ import time
 from dataclasses import dataclass
 
 from ...vision_tokens import target_size, visual_tokens
-from .decode import MIME, Header, decode_opened, open_checked, probe, verify
+from . import budget as budgets
+from .budget import Budget
+from .decode import MIME, Decoded, Header, Opened, decode_opened, open_checked, probe, verify
 from .encode import data_uri, encode
+from .legibility import estimate
 from .policy import Policy
 from .resize import downscale, prescale_size
 from .trim import content_box
 
 DEFAULT_MAX_SOURCE_PIXELS = 64_000_000
+ESTIMATE_LONG = 1000  # the legible rule estimates on a decode of at least this long side
 
 
 @dataclass(slots=True)
@@ -40,6 +48,8 @@ class Rewritten:
     # What the output shows of the source, for mapping coordinates back: (client_w, client_h,
     # left, top, right, bottom) in pixels of the upright source; () = the source as it is.
     view: tuple[float, ...] = ()
+    # the long-side decision (None: within budget before any estimate, or rewriting off)
+    budget: Budget | None = None
 
     @property
     def passthrough(self) -> bool:
@@ -51,7 +61,43 @@ def tokens(width: int, height: int, policy: Policy) -> int:
 
 
 def needs_rewrite(header: Header, policy: Policy) -> bool:
-    return policy.enabled and max(header.width, header.height) > policy.max_long_side
+    """Over the size where a decision is needed (at or under it: sent as it is)."""
+    limit = budgets.estimate_side(policy) if policy.legible else policy.max_long_side
+    return policy.enabled and max(header.width, header.height) > limit
+
+
+def decide(policy: Policy, d: Decoded, content_long: int) -> Budget:
+    """The long side for this image: THE call site of the decision (budget.py; a
+    load-aware adjustment may lower ``long_side`` here, never below ``legible_floor``)."""
+    if not policy.legible:
+        return budgets.fixed(policy, content_long, "client" if policy.budget == "client" else "fixed")
+    return budgets.choose(estimate(d.image, d.scale), content_long, policy)
+
+
+def _draft(header: Header, policy: Policy) -> tuple[int, int]:
+    f = policy.grid_factor
+    floor = budgets.estimate_side(policy) if policy.legible else policy.max_long_side
+    target = prescale_size(target_size(header.width, header.height, floor, f, policy.min_pixels),
+                           policy.prescale_gap)
+    if policy.legible:
+        k = min(1.0, ESTIMATE_LONG / max(header.width, header.height))
+        target = (max(target[0], int(header.width * k)), max(target[1], int(header.height * k)))
+    return target
+
+
+def _within(data: bytes, header: Header, op: Opened, policy: Policy, t0: float, before: int,
+            budget: Budget | None = None) -> Rewritten:
+    """Sent at its own size: the original bytes once verified, or converted."""
+    d = verify(op)
+    if d is None:
+        return Rewritten(None, data, MIME[header.format], header.width, header.height, header.width,
+                         header.height, len(data), before, before, seconds=time.perf_counter() - t0, budget=budget)
+    im = d.image  # converted at its own size: no trim, no resize
+    out, mime = encode(im, policy.jpeg_quality)
+    return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
+                     len(data), before, tokens(im.width, im.height, policy), False,
+                     time.perf_counter() - t0, conversions=tuple(d.conversions),
+                     view=(im.width, im.height, 0.0, 0.0, float(im.width), float(im.height)), budget=budget)
 
 
 def rewrite(data: bytes, header: Header, policy: Policy,
@@ -63,19 +109,9 @@ def rewrite(data: bytes, header: Header, policy: Policy,
     header = Header(header.format, *op.size)  # the real size, whatever the header declared
     before = tokens(header.width, header.height, policy)
     if not needs_rewrite(header, policy):
-        d = verify(op)
-        if d is None:
-            return Rewritten(None, data, MIME[header.format], header.width, header.height, header.width,
-                             header.height, len(data), before, before, seconds=time.perf_counter() - t0)
-        im = d.image  # converted at its own size: no trim, no resize
-        out, mime = encode(im, policy.jpeg_quality)
-        return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
-                         len(data), before, tokens(im.width, im.height, policy), False,
-                         time.perf_counter() - t0, conversions=tuple(d.conversions),
-                         view=(im.width, im.height, 0.0, 0.0, float(im.width), float(im.height)))
+        return _within(data, header, op, policy, t0, before)
     f = policy.grid_factor
-    target = target_size(header.width, header.height, policy.max_long_side, f, policy.min_pixels)
-    d = decode_opened(op, prescale_size(target, policy.prescale_gap))
+    d = decode_opened(op, _draft(header, policy))
     im, scale = d.image, d.scale
     view = _full_view(im, scale, header)
     trimmed = False
@@ -88,12 +124,28 @@ def rewrite(data: bytes, header: Header, policy: Policy,
             trimmed = True
     # target from the upright content size in source pixels
     cw, ch = max(1, round(im.width * scale)), max(1, round(im.height * scale))
-    target = target_size(cw, ch, policy.max_long_side, f, policy.min_pixels)
+    budget = decide(policy, Decoded(im, scale, d.conversions, d.frames), max(cw, ch))
+    long_side = budget.long_side
+    if not trimmed and long_side >= max(header.width, header.height):
+        # the text needs every pixel: sent at its own size, as the fixed rule sends small images
+        return _within(data, header, open_checked(data, header.format, max_source_pixels), policy, t0, before,
+                       budget)
+    target = target_size(cw, ch, long_side, f, policy.min_pixels)
+    need = prescale_size(target, policy.prescale_gap)
+    if scale > 1 and (im.width < need[0] or im.height < need[1]):
+        # the reduced decode is too small for this text's budget: decode again, finer
+        k = max(need[0] / cw, need[1] / ch)  # draft sizes are as stored (before EXIF turns)
+        d = decode_opened(open_checked(data, header.format, max_source_pixels),
+                          (max(1, int(header.width * k)), max(1, int(header.height * k))))
+        im = d.image
+        if trimmed:  # the same content box, in this decode's pixels
+            im = im.crop((round(view[2] / view[0] * im.width), round(view[3] / view[1] * im.height),
+                          round(view[4] / view[0] * im.width), round(view[5] / view[1] * im.height)))
     im = downscale(im, target, policy.resample, policy.prescale_gap)
     out, mime = encode(im, policy.jpeg_quality)
     return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
                      len(data), before, tokens(im.width, im.height, policy), trimmed, time.perf_counter() - t0,
-                     view=view, conversions=tuple(d.conversions))
+                     view=view, conversions=tuple(d.conversions), budget=budget)
 
 
 def _full_view(im, scale: float, header: Header) -> tuple[float, ...]:

@@ -42,6 +42,8 @@ log = logging.getLogger("vlm_gateway.images")
 TOKENS_HEADER = "x-vlm-gateway-visual-tokens"
 # per image, what was converted so the engine reads what a viewer shows (docs/IMAGES.md)
 CONVERTED_HEADER = "x-vlm-gateway-image-converted"
+# per image over the pass-through size: the long-side decision (budget.Budget.header)
+BUDGET_HEADER = "x-vlm-gateway-image-budget"
 _SMALL = 256 * 1024  # hash/decode bigger payloads in the pool
 _VERIFIED_ENTRIES = 16384
 OFF = Policy(enabled=False)
@@ -99,6 +101,14 @@ class ImageRewriter:
     async def rewritten(self, part: "ImagePart", src: Source, policy: Policy,
                         req: "ChatRequest | None" = None) -> tuple[Rewritten, str]:
         """(result, outcome). ``result.url`` None = send the original string."""
+        r, outcome = await self._rewritten(part, src, policy, req)
+        if r.budget is not None and not policy.legible and r.budget.reason != policy.budget:
+            # the fixed rule and a client's own size share cached bytes; the reason is this request's
+            r = replace(r, budget=replace(r.budget, reason=policy.budget))
+        return r, outcome
+
+    async def _rewritten(self, part: "ImagePart", src: Source, policy: Policy,
+                         req: "ChatRequest | None" = None) -> tuple[Rewritten, str]:
         header = src.header
         if src.kind == "url_passthrough":
             return Rewritten(None, b"", "", 0, 0, 0, 0, 0, 0, 0), "url_passthrough"
@@ -150,8 +160,10 @@ class ImageRewriter:
         if not req.images:
             return None
         policy_header = parse_header(req.headers.get(POLICY_HEADER))
-        policies = [resolve(self.cfg, req.model, policy_header, part.detail) if self.cfg.enabled else OFF
-                    for part in req.images]
+        tenant = req.state.get("tenant_cfg")
+        tenant_images = getattr(tenant, "images", None) or None
+        policies = [resolve(self.cfg, req.model, policy_header, part.detail, tenant_images) if self.cfg.enabled
+                    else OFF for part in req.images]
         sources = await _gather([self.source(p, req) for p in req.images])
         policies = grounding.gate_trim(self.cfg, req, sources, policies)  # no crop unless answers map back
         for part, src, pol in zip(req.images, sources, policies):
@@ -200,6 +212,11 @@ class ImageRewriter:
             req.response_headers[CONVERTED_HEADER] = "; ".join(notes)
         else:
             req.response_headers.pop(CONVERTED_HEADER, None)
+        budgets = [r.budget.header(p.param) for p, (_, r) in zip(req.images, chosen) if r.budget is not None]
+        if budgets:
+            req.response_headers[BUDGET_HEADER] = ", ".join(budgets)
+        else:
+            req.response_headers.pop(BUDGET_HEADER, None)
         grounding.record(req, [r for _, r in chosen], plan["sources"])
 
     def _count(self, req: "ChatRequest", results: list[Rewritten], outcomes: list[str]) -> None:
@@ -211,6 +228,8 @@ class ImageRewriter:
         metrics.VISUAL_TOKENS.labels(model, "saved").inc(max(0, before - after))
         for part, r, outcome in zip(req.images, results, outcomes):
             metrics.IMAGES.labels(outcome).inc()
+            if r.budget is not None:
+                metrics.IMAGE_BUDGETS.labels(r.budget.cls, r.budget.reason).inc()
             metrics.IMAGE_BYTES.labels("in").inc(part.source_bytes)
             metrics.IMAGE_BYTES.labels("out").inc(len(r.data) if r.url is not None else part.source_bytes)
 
