@@ -212,6 +212,13 @@ class Relay:
             return Unavailable(message, code=reason, headers={"retry-after": "1"})
         return BadGateway(message, code=reason)
 
+    def _ttft(self, req: "ChatRequest", b: "Backend", t_sent: float) -> None:
+        """Time to first byte from the engine (the admission wait included): the metric and
+        the model pool's budget controller."""
+        t = time.perf_counter() - t_sent
+        metrics.UPSTREAM_TTFT.labels(b.name).observe(t)
+        self.pool.slo.observe(req.model, t)
+
     def _done(self, req: "ChatRequest", b: "Backend", t_sent: float, usage: dict | None) -> None:
         self.pool.release(b)
         self.pool.record_success(b)
@@ -248,7 +255,7 @@ class Relay:
             raise
         finally:
             req.upstream_s += time.perf_counter() - t0
-        metrics.UPSTREAM_TTFT.labels(b.name).observe(time.perf_counter() - t_sent)
+        self._ttft(req, b, t_sent)
         try:
             completion = orjson.loads(body)
             if not isinstance(completion, dict):
@@ -309,7 +316,7 @@ class Relay:
                 chunk = first.result()
             except StopAsyncIteration:
                 chunk = b""
-            metrics.UPSTREAM_TTFT.labels(b.name).observe(time.perf_counter() - t_sent)
+            self._ttft(req, b, t_sent)
             while chunk:
                 if tf is not None:
                     chunk = tf.feed(chunk)

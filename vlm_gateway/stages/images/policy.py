@@ -1,6 +1,7 @@
 """The rewrite policy for one image: budget, token grid and encoder settings,
 resolved from global config, per-model overrides, ``detail`` and the
-``x-vlm-gateway-image-policy`` header, then capped by the chosen backend."""
+``x-vlm-gateway-image-policy`` header, then capped by the chosen backend; under engine
+pressure the SLO budget level (``pressure.py``) is applied on top."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 from ...core.errors import BadRequest
 
 if TYPE_CHECKING:
-    from ...config import ImagesConfig
+    from ...config import ImagesConfig, SloConfig
 
 POLICY_HEADER = "x-vlm-gateway-image-policy"
+# header value: the default budget, and under engine pressure text may go below its legibility floor
+BELOW_FLOOR = "below-floor"
 _OVERRIDABLE = ("max_long_side", "grid_factor", "min_pixels", "max_pixels", "detail_low_long_side",
                 "detail_high_long_side", "trim_borders", "trim_tolerance", "jpeg_quality", "resample",
                 "prescale_gap")
@@ -33,12 +36,29 @@ class Policy:
     prescale_gap: float = 1.2
     # "off": never rewrite (a backend cap still applies)
     enabled: bool = True
+    # SLO budget level (backends/slo.py) and how it scales this image (pressure.py)
+    level: int = 0
+    below_floor: bool = False
+    photo_scales: tuple[float, ...] = ()
+    text_scales: tuple[float, ...] = ()
+    photo_floor: int = 0
 
     @property
     def key(self) -> str:
-        return (f"{self.max_long_side if self.enabled else 0}/{self.grid_factor}/{self.min_pixels}/"
-                f"{self.trim_borders:d}{self.trim_tolerance}/q{self.jpeg_quality}/{self.resample}/"
-                f"{self.prescale_gap:g}")
+        k = (f"{self.max_long_side if self.enabled else 0}/{self.grid_factor}/{self.min_pixels}/"
+             f"{self.trim_borders:d}{self.trim_tolerance}/q{self.jpeg_quality}/{self.resample}/"
+             f"{self.prescale_gap:g}")
+        if self.level > 0:
+            k += (f"/L{self.level}{'b' if self.below_floor else ''}:{self.photo_floor}:"
+                  f"{','.join(f'{x:g}' for x in self.photo_scales)}:{','.join(f'{x:g}' for x in self.text_scales)}")
+        return k
+
+    def under(self, level: int, slo: "SloConfig", below_floor: bool) -> "Policy":
+        """This policy at SLO budget ``level``; an image sent as it came ("off") is left alone."""
+        if level <= 0 or not self.enabled:
+            return self
+        return replace(self, level=level, below_floor=below_floor, photo_scales=tuple(slo.photo_scales),
+                       text_scales=tuple(slo.text_scales), photo_floor=slo.photo_floor_long_side)
 
     def capped(self, long_side: int | None) -> "Policy":
         """This policy under a backend's hard limit on the long side."""
@@ -58,20 +78,20 @@ def model_settings(cfg: "ImagesConfig", model: str) -> dict[str, Any]:
 
 
 def parse_header(value: str | None) -> str | int:
-    """'off' | 'default' | a long side in pixels."""
+    """'off' | 'default' | 'below-floor' | a long side in pixels."""
     if value is None:
         return "default"
     v = value.strip().lower()
     if v in ("", "default", "on", "auto"):
         return "default"
-    if v == "off":
-        return "off"
+    if v in ("off", BELOW_FLOOR):
+        return v
     try:
         n = int(v)
     except ValueError:
         n = 0
     if n <= 0 or n > 16384:
-        raise BadRequest(f"{POLICY_HEADER} must be off, default or a long side in pixels (1-16384), got {value!r}",
+        raise BadRequest(f"{POLICY_HEADER} must be off, default, below-floor or a long side in pixels (1-16384), got {value!r}",
                          param=POLICY_HEADER, code="invalid_image_policy")
     return n
 

@@ -13,6 +13,7 @@ from ...vision_tokens import target_size, visual_tokens
 from .decode import MIME, Header, decode_opened, open_checked, probe, verify
 from .encode import data_uri, encode
 from .policy import Policy
+from .pressure import long_side
 from .resize import downscale, prescale_size
 from .trim import content_box
 
@@ -50,8 +51,15 @@ def tokens(width: int, height: int, policy: Policy) -> int:
     return visual_tokens(width, height, policy.grid_factor, policy.min_pixels, policy.max_pixels)
 
 
+def budget_long_side(policy: Policy) -> int:
+    """The long side this image is sent at: its budget under the SLO budget level. No
+    legibility estimate yet: every image is of class "unknown" (floor 0)."""
+    return long_side(policy.max_long_side, 0, "unknown", policy.level, policy.photo_scales, policy.text_scales,
+                     policy.photo_floor, policy.below_floor)
+
+
 def needs_rewrite(header: Header, policy: Policy) -> bool:
-    return policy.enabled and max(header.width, header.height) > policy.max_long_side
+    return policy.enabled and max(header.width, header.height) > budget_long_side(policy)
 
 
 def rewrite(data: bytes, header: Header, policy: Policy,
@@ -74,7 +82,8 @@ def rewrite(data: bytes, header: Header, policy: Policy,
                          time.perf_counter() - t0, conversions=tuple(d.conversions),
                          view=(im.width, im.height, 0.0, 0.0, float(im.width), float(im.height)))
     f = policy.grid_factor
-    target = target_size(header.width, header.height, policy.max_long_side, f, policy.min_pixels)
+    side = budget_long_side(policy)
+    target = target_size(header.width, header.height, side, f, policy.min_pixels)
     d = decode_opened(op, prescale_size(target, policy.prescale_gap))
     im, scale = d.image, d.scale
     view = _full_view(im, scale, header)
@@ -88,7 +97,7 @@ def rewrite(data: bytes, header: Header, policy: Policy,
             trimmed = True
     # target from the upright content size in source pixels
     cw, ch = max(1, round(im.width * scale)), max(1, round(im.height * scale))
-    target = target_size(cw, ch, policy.max_long_side, f, policy.min_pixels)
+    target = target_size(cw, ch, side, f, policy.min_pixels)
     im = downscale(im, target, policy.resample, policy.prescale_gap)
     out, mime = encode(im, policy.jpeg_quality)
     return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,

@@ -11,6 +11,10 @@ response starts, and register a ``before_send`` hook that
 applies the rewrite for the chosen backend (capped by its profile's
 ``image_max_long_side``; L1 makes a second rewrite cheap). Pass-through data:
 images keep their original string byte for byte.
+
+Each policy carries the model pool's SLO budget level of the moment (``backends/slo.py``,
+applied per image by ``pressure.py``); ``x-vlm-gateway-image-budget`` tells per image the
+long side it was budgeted and the level.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from .decode import ImageError, probe
 from .encode import data_uri
 from .fetch import FetchError, check_address
 from .l1 import L1Cache
-from .policy import POLICY_HEADER, Policy, parse_header, resolve
-from .rewrite import Rewritten, rewrite, tokens
+from .policy import BELOW_FLOOR, POLICY_HEADER, Policy, parse_header, resolve
+from .rewrite import Rewritten, budget_long_side, rewrite, tokens
 from .source import Source, as_error, content_hash, media_sources
 
 if TYPE_CHECKING:
@@ -42,6 +46,8 @@ log = logging.getLogger("vlm_gateway.images")
 TOKENS_HEADER = "x-vlm-gateway-visual-tokens"
 # per image, what was converted so the engine reads what a viewer shows (docs/IMAGES.md)
 CONVERTED_HEADER = "x-vlm-gateway-image-converted"
+# per image: "<param>;long_side=<px|original>;level=<n>", entries joined by ", "
+BUDGET_HEADER = "x-vlm-gateway-image-budget"
 _SMALL = 256 * 1024  # hash/decode bigger payloads in the pool
 _VERIFIED_ENTRIES = 16384
 OFF = Policy(enabled=False)
@@ -55,6 +61,8 @@ class ImageRewriter:
     def __init__(self, gw: "Gateway") -> None:
         cfg = gw.cfg.images
         self.cfg = cfg
+        self.slo_cfg = gw.cfg.slo
+        self.slo = gw.pool.slo
         self.sources = media_sources(gw)
         self.pool = self.sources.pool
         self.fetcher = self.sources.fetcher
@@ -152,6 +160,12 @@ class ImageRewriter:
         policy_header = parse_header(req.headers.get(POLICY_HEADER))
         policies = [resolve(self.cfg, req.model, policy_header, part.detail) if self.cfg.enabled else OFF
                     for part in req.images]
+        level = self.slo.level(req.model)
+        if level:
+            tenant = req.state.get("tenant_cfg")
+            opted = policy_header == BELOW_FLOOR or bool(getattr(tenant, "images_below_floor", False))
+            policies = [pol.under(level, self.slo_cfg, opted or part.detail == "low")
+                        for pol, part in zip(policies, req.images)]
         sources = await _gather([self.source(p, req) for p in req.images])
         policies = grounding.gate_trim(self.cfg, req, sources, policies)  # no crop unless answers map back
         for part, src, pol in zip(req.images, sources, policies):
@@ -189,12 +203,17 @@ class ImageRewriter:
     def _apply(self, req: "ChatRequest", chosen: list[tuple[Policy, Rewritten]]) -> None:
         plan = req.state["images"]
         before = after = 0
-        for part, src, (_, r) in zip(req.images, plan["sources"], chosen):
+        budgets = []
+        for part, src, (pol, r) in zip(req.images, plan["sources"], chosen):
             part.set_url(src.url if r.url is None else r.url)
             part.tokens_after = r.tokens_after if src.header is not None else 0
             before += part.tokens_before
             after += part.tokens_after
+            side = budget_long_side(pol) if pol.enabled else 0
+            part.degraded = bool(side) and side < pol.max_long_side and max(part.width, part.height) > side
+            budgets.append(f"{part.param};long_side={side or 'original'};level={pol.level}")
         req.response_headers[TOKENS_HEADER] = f"before={before};after={after}"
+        req.response_headers[BUDGET_HEADER] = ", ".join(budgets)
         notes = [f"{p.param}={','.join(r.conversions)}" for p, (_, r) in zip(req.images, chosen) if r.conversions]
         if notes:
             req.response_headers[CONVERTED_HEADER] = "; ".join(notes)
@@ -211,6 +230,8 @@ class ImageRewriter:
         metrics.VISUAL_TOKENS.labels(model, "saved").inc(max(0, before - after))
         for part, r, outcome in zip(req.images, results, outcomes):
             metrics.IMAGES.labels(outcome).inc()
+            if part.degraded:
+                metrics.IMAGES_DEGRADED.labels("unknown").inc()
             metrics.IMAGE_BYTES.labels("in").inc(part.source_bytes)
             metrics.IMAGE_BYTES.labels("out").inc(len(r.data) if r.url is not None else part.source_bytes)
 

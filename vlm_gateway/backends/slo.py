@@ -1,0 +1,220 @@
+"""SLO-aware image budgets: one controller per model pool (the backends serving a model)
+turns load into a budget level, 0 = every image keeps its own budget, 1..N = smaller
+images (``stages/images/pressure.py`` applies the level to each image).
+
+Inputs, every ``slo.interval_s``:
+
+    p        the ``slo.percentile`` (p90 | p99) of the gateway's own time to first token
+             (client send -> first upstream byte, admission wait included) of the requests
+             *sent since the last level change* and answered in the last ``window_s``;
+             trusted once ``min_samples`` are in
+    queued   the pool's engines queue: sum of scraped ``waiting`` > 0, max ``kv_usage`` >=
+             ``kv_high``, or requests waiting in the gateway for a backend slot
+
+Decision (T = ``ttft_ms``)::
+
+    step down (level + 1)  when  p >= down_at x T,  or  queued and p >= early_at x T
+                           and the last step down is >= down_hold_s old
+    step up   (level - 1)  when  not queued and (p < up_at x T, or the pool saw fewer than
+                           min_samples answers in the whole window: too little traffic to
+                           press on anything), uninterrupted for hold[level]
+    hold[level]            starts at up_hold_s; a step down within up_hold_max_s of a step up
+                           from that level doubles it (<= up_hold_max_s); a step-down-free
+                           period of up_hold_max_s resets every hold
+
+The band between ``up_at`` and ``down_at`` and the two holds are the hysteresis: a level
+that holds the SLO under a steady load is kept, and a step up that proved too much is
+retried ever more rarely (tests/test_slo.py shows both on an injected clock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from .. import metrics
+
+if TYPE_CHECKING:
+    from ..config import SloConfig
+    from .pool import Pool
+
+log = logging.getLogger("vlm_gateway.slo")
+
+QUANTILES = {"p90": 0.90, "p99": 0.99}
+_MAX_SAMPLES = 100_000  # per pool: a window of 5 s at 20k req/s
+
+
+@dataclass(slots=True)
+class PoolLoad:
+    """What the engines of one pool say about their queue (summed over backends)."""
+
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float = 0.0  # the fullest backend's
+    gateway_queue: int = 0  # requests waiting in the gateway for a backend slot
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (no interpolation: p99 of 100 samples is the 99th)."""
+    s = sorted(values)
+    return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+class SloController:
+    """The level of one pool. ``clock`` is injectable (tests drive it by hand)."""
+
+    def __init__(self, cfg: "SloConfig", clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.max_level = len(cfg.photo_scales)
+        self.level = 0
+        now = clock()
+        self.changed_at = now
+        self.last_down = -math.inf
+        self.calm_since: float | None = None
+        self.holds = [cfg.up_hold_s] * (self.max_level + 1)
+        self.up_from: dict[int, float] = {}  # level -> when the controller last stepped up from it
+        # (answered_at, sent_at, seconds)
+        self.samples: deque[tuple[float, float, float]] = deque(maxlen=_MAX_SAMPLES)
+        self.last_p: float | None = None
+        self.last_queued = False
+        self.changes = 0
+
+    @property
+    def target_s(self) -> float:
+        return self.cfg.ttft_ms / 1000.0
+
+    def observe(self, ttft_s: float, sent_at: float | None = None) -> None:
+        """One answer's time to first token; ``sent_at`` on the controller's clock
+        (default: now - ttft_s)."""
+        now = self.clock()
+        self.samples.append((now, now - ttft_s if sent_at is None else sent_at, ttft_s))
+
+    def _window(self, now: float) -> tuple[list[float], int]:
+        """(TTFTs sent since the last change, answers in the whole window)."""
+        cut = now - self.cfg.window_s
+        while self.samples and self.samples[0][0] < cut:
+            self.samples.popleft()
+        since = [s for _, sent, s in self.samples if sent >= self.changed_at]
+        return since, len(self.samples)
+
+    def update(self, load: PoolLoad) -> int:
+        """Decide once; returns the level."""
+        c = self.cfg
+        now = self.clock()
+        since, total = self._window(now)
+        p = percentile(since, QUANTILES[c.percentile]) if len(since) >= c.min_samples else None
+        queued = load.waiting > 0 or load.kv_usage >= c.kv_high or load.gateway_queue > 0
+        self.last_p, self.last_queued = p, queued
+        t = self.target_s
+        hot = p is not None and (p >= c.down_at * t or (queued and p >= c.early_at * t))
+        if hot:
+            self.calm_since = None
+            if self.level < self.max_level and now - self.last_down >= c.down_hold_s:
+                up = self.up_from.get(self.level + 1)
+                if up is not None and now - up < c.up_hold_max_s:  # that step up was too much
+                    self.holds[self.level + 1] = min(c.up_hold_max_s, 2 * self.holds[self.level + 1])
+                self._set(self.level + 1, now)
+                self.last_down = now
+            return self.level
+        if now - self.last_down >= c.up_hold_max_s:
+            self.holds = [c.up_hold_s] * (self.max_level + 1)
+        cool = not queued and ((p is not None and p < c.up_at * t) or (p is None and total < c.min_samples))
+        if not cool:
+            self.calm_since = None
+            return self.level
+        if self.calm_since is None:
+            self.calm_since = now
+        if self.level > 0 and now - self.calm_since >= self.holds[self.level]:
+            self.up_from[self.level] = now
+            self._set(self.level - 1, now)
+            self.calm_since = now
+        return self.level
+
+    def _set(self, level: int, now: float) -> None:
+        log.info("image budget level %d -> %d (TTFT %s %s ms, target %g ms)", self.level, level,
+                 self.cfg.percentile, "n/a" if self.last_p is None else f"{self.last_p * 1000:.0f}",
+                 self.cfg.ttft_ms)
+        self.level = level
+        self.changed_at = now
+        self.changes += 1
+
+
+class SloPools:
+    """A controller per model pool, fed by the relay's TTFT measurements and the pool's
+    scraped engine figures; ``level(model)`` is what the image stage reads."""
+
+    def __init__(self, cfg: "SloConfig", pool: "Pool", clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.pool = pool
+        self.clock = clock
+        self.controllers: dict[str, SloController] = {}
+        self._task: asyncio.Task | None = None
+
+    def controller(self, model: str) -> SloController | None:
+        if not self.cfg.enabled or model not in self.pool.known_models:
+            return None  # bounded: only models some backend serves get a controller
+        c = self.controllers.get(model)
+        if c is None:
+            c = self.controllers[model] = SloController(self.cfg, self.clock)
+            metrics.SLO_TARGET.labels(model).set(self.cfg.ttft_ms / 1000.0)
+            metrics.IMAGE_BUDGET_LEVEL.labels(model).set(0)
+        return c
+
+    def level(self, model: str) -> int:
+        c = self.controllers.get(model) if self.cfg.enabled else None
+        return c.level if c is not None else 0
+
+    def observe(self, model: str, ttft_s: float, sent_at: float | None = None) -> None:
+        c = self.controller(model)
+        if c is not None:
+            c.observe(ttft_s, sent_at)
+
+    def load(self, model: str) -> PoolLoad:
+        out = PoolLoad(gateway_queue=len(self.pool.slots))
+        for b in self.pool.serving(model):
+            f = b.engine_load
+            out.waiting += f.get("waiting", 0.0)
+            out.running += f.get("running", 0.0)
+            out.kv_usage = max(out.kv_usage, f.get("kv_usage", 0.0))
+        return out
+
+    def tick(self) -> None:
+        for model in sorted(self.pool.known_models):
+            c = self.controller(model)
+            if c is None:
+                continue
+            level = c.update(self.load(model))
+            metrics.IMAGE_BUDGET_LEVEL.labels(model).set(level)
+            if c.last_p is not None:
+                metrics.SLO_TTFT.labels(model).set(c.last_p)
+
+    def status(self) -> list[dict]:
+        """For /ui and /admin: each pool's level and what it is based on."""
+        return [{"pool": m, "level": c.level, "max_level": c.max_level,
+                 "ttft_ms": None if c.last_p is None else round(c.last_p * 1000.0, 1),
+                 "target_ms": self.cfg.ttft_ms, "percentile": self.cfg.percentile, "queued": c.last_queued}
+                for m, c in sorted(self.controllers.items())]
+
+    def start(self) -> None:
+        if self.cfg.enabled and self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="slo")
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.interval_s)
+            try:
+                self.tick()
+            except Exception:  # a bug here must not stop the loop: the level just stays
+                log.exception("image budget controller failed")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
