@@ -412,13 +412,13 @@ class SloConfig:
     early_at: float = 0.6
     kv_high: float = 0.95
     # Least time between two steps down (the last step needs this long to show in the samples).
-    down_hold_s: float = 2.0
+    down_hold_s: float = 1.0
     # Step up after the percentile stayed under up_at x ttft_ms, with no engine queue, this long;
-    # a step down soon after a step up doubles this hold (up to up_hold_max_s), a calm period
-    # of up_hold_max_s resets it.
+    # a step down soon after a step up doubles this hold (up to up_hold_max_s); a step up that
+    # stuck for up_hold_max_s resets it.
     up_at: float = 0.5
     up_hold_s: float = 3.0
-    up_hold_max_s: float = 24.0
+    up_hold_max_s: float = 16.0
     # Long-side factor per level (level 1, 2, ...) for images without text (photos); their
     # count is the deepest level.
     photo_scales: list[float] = field(default_factory=lambda: [0.83, 0.67, 0.58, 0.5])

@@ -8,19 +8,22 @@ Inputs, every ``slo.interval_s``:
              (client send -> first upstream byte, admission wait included) of the requests
              *sent since the last level change* and answered in the last ``window_s``;
              trusted once ``min_samples`` are in
+    late     the oldest request sent since the last change and still without its first
+             token has waited >= down_at x T (its TTFT will miss; answers of an overloaded
+             pool arrive too late to be the only evidence)
     queued   the pool's engines queue: sum of scraped ``waiting`` > 0, max ``kv_usage`` >=
              ``kv_high``, or requests waiting in the gateway for a backend slot
 
 Decision (T = ``ttft_ms``)::
 
-    step down (level + 1)  when  p >= down_at x T,  or  queued and p >= early_at x T
+    step down (level + 1)  when  p >= down_at x T,  or  late,  or  queued and p >= early_at x T
                            and the last step down is >= down_hold_s old
     step up   (level - 1)  when  not queued and (p < up_at x T, or the pool saw fewer than
                            min_samples answers in the whole window: too little traffic to
                            press on anything), uninterrupted for hold[level]
     hold[level]            starts at up_hold_s; a step down within up_hold_max_s of a step up
-                           from that level doubles it (<= up_hold_max_s); a step-down-free
-                           period of up_hold_max_s resets every hold
+                           from that level doubles it (<= up_hold_max_s); a step up that
+                           stuck for up_hold_max_s resets its level's hold
 
 The band between ``up_at`` and ``down_at`` and the two holds are the hysteresis: a level
 that holds the SLO under a steady load is kept, and a step up that proved too much is
@@ -30,6 +33,7 @@ retried ever more rarely (tests/test_slo.py shows both on an injected clock).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import time
@@ -73,8 +77,7 @@ class SloController:
         self.clock = clock
         self.max_level = len(cfg.photo_scales)
         self.level = 0
-        now = clock()
-        self.changed_at = now
+        self.changed_at = -math.inf
         self.last_down = -math.inf
         self.calm_since: float | None = None
         self.holds = [cfg.up_hold_s] * (self.max_level + 1)
@@ -84,6 +87,8 @@ class SloController:
         self.last_p: float | None = None
         self.last_queued = False
         self.changes = 0
+        self.pending: dict[int, float] = {}  # requests sent and waiting for their first token
+        self._ids = itertools.count()
 
     @property
     def target_s(self) -> float:
@@ -95,12 +100,28 @@ class SloController:
         now = self.clock()
         self.samples.append((now, now - ttft_s if sent_at is None else sent_at, ttft_s))
 
+    def sent(self) -> int:
+        """A request goes upstream now; returns its handle for ``answered``."""
+        i = next(self._ids)
+        self.pending[i] = self.clock()
+        return i
+
+    def answered(self, handle: int, ttft_s: float | None) -> None:
+        """The first token of ``handle`` came after ``ttft_s`` (None: it ended without one)."""
+        sent_at = self.pending.pop(handle, None)
+        if ttft_s is not None:
+            self.observe(ttft_s, sent_at)
+
+    def _late(self, now: float) -> bool:
+        limit = self.cfg.down_at * self.target_s
+        return any(now - t >= limit for t in self.pending.values() if t > self.changed_at)
+
     def _window(self, now: float) -> tuple[list[float], int]:
         """(TTFTs sent since the last change, answers in the whole window)."""
         cut = now - self.cfg.window_s
         while self.samples and self.samples[0][0] < cut:
             self.samples.popleft()
-        since = [s for _, sent, s in self.samples if sent >= self.changed_at]
+        since = [s for _, sent, s in self.samples if sent > self.changed_at]
         return since, len(self.samples)
 
     def update(self, load: PoolLoad) -> int:
@@ -112,7 +133,7 @@ class SloController:
         queued = load.waiting > 0 or load.kv_usage >= c.kv_high or load.gateway_queue > 0
         self.last_p, self.last_queued = p, queued
         t = self.target_s
-        hot = p is not None and (p >= c.down_at * t or (queued and p >= c.early_at * t))
+        hot = (p is not None and (p >= c.down_at * t or (queued and p >= c.early_at * t))) or self._late(now)
         if hot:
             self.calm_since = None
             if self.level < self.max_level and now - self.last_down >= c.down_hold_s:
@@ -122,8 +143,9 @@ class SloController:
                 self._set(self.level + 1, now)
                 self.last_down = now
             return self.level
-        if now - self.last_down >= c.up_hold_max_s:
-            self.holds = [c.up_hold_s] * (self.max_level + 1)
+        for lv, t_up in self.up_from.items():  # a step up that stuck: its hold is reset
+            if self.level < lv and now - t_up >= c.up_hold_max_s:
+                self.holds[lv] = c.up_hold_s
         cool = not queued and ((p is not None and p < c.up_at * t) or (p is None and total < c.min_samples))
         if not cool:
             self.calm_since = None
@@ -170,10 +192,11 @@ class SloPools:
         c = self.controllers.get(model) if self.cfg.enabled else None
         return c.level if c is not None else 0
 
-    def observe(self, model: str, ttft_s: float, sent_at: float | None = None) -> None:
+    def sent(self, model: str) -> "Sent":
+        """Track one upstream request of ``model`` until its first token (``Sent.first``) or
+        its end (``Sent.close``)."""
         c = self.controller(model)
-        if c is not None:
-            c.observe(ttft_s, sent_at)
+        return Sent(c, c.sent() if c is not None else -1)
 
     def load(self, model: str) -> PoolLoad:
         out = PoolLoad(gateway_queue=len(self.pool.slots))
@@ -218,3 +241,22 @@ class SloPools:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+
+
+class Sent:
+    """One request in flight for a controller: its first token is a TTFT sample."""
+
+    __slots__ = ("c", "handle")
+
+    def __init__(self, c: SloController | None, handle: int) -> None:
+        self.c, self.handle = c, handle
+
+    def first(self, ttft_s: float) -> None:
+        if self.c is not None:
+            self.c.answered(self.handle, ttft_s)
+            self.c = None
+
+    def close(self) -> None:
+        if self.c is not None:
+            self.c.answered(self.handle, None)
+            self.c = None
