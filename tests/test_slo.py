@@ -114,6 +114,7 @@ def test_no_evidence_no_step_down_and_quiet_pools_recover():
         c.update(PoolLoad())
     assert c.level == 0
     # but an engine queue keeps the level
+    c = SloController(SloConfig(ttft_ms=500.0, min_samples=20), clock)
     c.level = 2
     for _ in range(40):
         clock.t += 0.5

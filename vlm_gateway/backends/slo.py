@@ -11,12 +11,18 @@ Inputs, every ``slo.interval_s``:
     late     the oldest request sent since the last change and still without its first
              token has waited >= down_at x T (its TTFT will miss; answers of an overloaded
              pool arrive too late to be the only evidence)
-    queued   the pool's engines queue: sum of scraped ``waiting`` > 0, max ``kv_usage`` >=
-             ``kv_high``, or requests waiting in the gateway for a backend slot
+    wait     Little's law on what is in flight: requests waiting for their first token /
+             answers per second over the window = the mean time a request sent now will
+             wait; it rises as soon as a backlog forms, before any late answer arrives
+    queued   the pool's engines queue: the scraped ``waiting`` summed over the pool, averaged
+             over the last decisions (weight 0.3 for the newest), is >= 1 (a request that
+             arrived between two engine steps waits a moment: one snapshot is no queue), the
+             fullest ``kv_usage`` >= ``kv_high``, or requests wait in the gateway for a slot
 
 Decision (T = ``ttft_ms``)::
 
-    step down (level + 1)  when  p >= down_at x T,  or  late,  or  queued and p >= early_at x T
+    step down (level + 1)  when  p >= down_at x T,  or  late,  or  wait >= early_at x T,
+                           or  queued and p >= early_at x T
                            and the last step down is >= down_hold_s old
     step up   (level - 1)  when  not queued and (p < up_at x T, or the pool saw fewer than
                            min_samples answers in the whole window: too little traffic to
@@ -85,7 +91,9 @@ class SloController:
         # (answered_at, sent_at, seconds)
         self.samples: deque[tuple[float, float, float]] = deque(maxlen=_MAX_SAMPLES)
         self.last_p: float | None = None
+        self.last_wait: float | None = None
         self.last_queued = False
+        self.waiting_avg = 0.0
         self.changes = 0
         self.pending: dict[int, float] = {}  # requests sent and waiting for their first token
         self._ids = itertools.count()
@@ -130,10 +138,16 @@ class SloController:
         now = self.clock()
         since, total = self._window(now)
         p = percentile(since, QUANTILES[c.percentile]) if len(since) >= c.min_samples else None
-        queued = load.waiting > 0 or load.kv_usage >= c.kv_high or load.gateway_queue > 0
+        self.waiting_avg = 0.7 * self.waiting_avg + 0.3 * load.waiting
+        queued = self.waiting_avg >= 1.0 or load.kv_usage >= c.kv_high or load.gateway_queue > 0
         self.last_p, self.last_queued = p, queued
         t = self.target_s
-        hot = (p is not None and (p >= c.down_at * t or (queued and p >= c.early_at * t))) or self._late(now)
+        span = min(c.window_s, now - self.samples[0][0]) if self.samples else 0.0
+        rate = total / max(span, c.interval_s)
+        wait = len(self.pending) / rate if rate > 0 else None
+        self.last_wait = wait
+        hot = ((p is not None and (p >= c.down_at * t or (queued and p >= c.early_at * t)))
+               or (wait is not None and total >= c.min_samples and wait >= c.early_at * t) or self._late(now))
         if hot:
             self.calm_since = None
             if self.level < self.max_level and now - self.last_down >= c.down_hold_s:
@@ -177,6 +191,8 @@ class SloPools:
         self.clock = clock
         self.controllers: dict[str, SloController] = {}
         self._task: asyncio.Task | None = None
+        for cls in ("photo", "text", "unknown"):  # a rate of 0, not an absent series, until one is
+            metrics.IMAGES_DEGRADED.labels(cls)
 
     def controller(self, model: str) -> SloController | None:
         if not self.cfg.enabled or model not in self.pool.known_models:
