@@ -41,8 +41,8 @@ def run(c: SloController, clock: Clock, phases: list[tuple[float, float]], rate:
                 c.answered(handle, ttft)
             work = offered * COST[c.level]
             backlog = max(0.0, backlog + (work - 1.0) * 0.1)
-            ttft = 0.1 / (1 - min(work, 0.95)) + backlog
-            for _ in range(rate // 10):
+            ttft = 0.05 / (1 - min(work, 0.95)) + backlog
+            for _ in range(round(offered * rate / 20)):  # requests/s follow the load
                 heapq.heappush(due, (clock.t + ttft, c.sent(), ttft))
             step += 1
             if step % 5 == 0:

@@ -414,11 +414,12 @@ class SloConfig:
     # Least time between two steps down (the last step needs this long to show in the samples).
     down_hold_s: float = 1.0
     # Step up after the percentile stayed under up_at x ttft_ms, with no engine queue, this long;
-    # a step down soon after a step up doubles this hold (up to up_hold_max_s); a step up that
-    # stuck for up_hold_max_s resets it.
+    # a step straight back down soon after a step up doubles this hold (up to up_hold_max_s);
+    # a step up that stuck for up_hold_max_s resets it; once the requests per second fell below
+    # 0.75 x what they were at the last step down, it is up_hold_s whatever the back-off.
     up_at: float = 0.5
     up_hold_s: float = 3.0
-    up_hold_max_s: float = 16.0
+    up_hold_max_s: float = 60.0
     # Long-side factor per level (level 1, 2, ...) for images without text (photos); their
     # count is the deepest level.
     photo_scales: list[float] = field(default_factory=lambda: [0.83, 0.67, 0.58, 0.5])

@@ -26,10 +26,16 @@ Decision (T = ``ttft_ms``)::
                            and the last step down is >= down_hold_s old
     step up   (level - 1)  when  not queued and (p < up_at x T, or the pool saw fewer than
                            min_samples answers in the whole window: too little traffic to
-                           press on anything), uninterrupted for hold[level]
-    hold[level]            starts at up_hold_s; a step down within up_hold_max_s of a step up
-                           from that level doubles it (<= up_hold_max_s); a step up that
-                           stuck for up_hold_max_s resets its level's hold
+                           press on anything) and requests are not sent faster than 1.05 x
+                           they are answered (a backlog that grows slowly near an engine's
+                           knee shows there before it shows in p), uninterrupted for hold[level]
+    hold[level]            starts at up_hold_s; a step straight back down within up_hold_max_s
+                           of a step up from that level doubles it (<= up_hold_max_s); a step
+                           up that stuck for up_hold_max_s resets its level's hold; once the
+                           load fell (requests sent per second < 0.75 x what they were at the
+                           last step down) every hold is up_hold_s: an engine's TTFT stays
+                           flat until its knee, so a low TTFT alone cannot tell a load that
+                           fell from one the present level just carries
 
 The band between ``up_at`` and ``down_at`` and the two holds are the hysteresis: a level
 that holds the SLO under a steady load is kept, and a step up that proved too much is
@@ -88,6 +94,9 @@ class SloController:
         self.calm_since: float | None = None
         self.holds = [cfg.up_hold_s] * (self.max_level + 1)
         self.up_from: dict[int, float] = {}  # level -> when the controller last stepped up from it
+        self.last_up: tuple[int, float] | None = None  # the latest step up: (from level, when)
+        self.down_rate = 0.0  # requests sent per second at the last step down
+        self.sends: deque[float] = deque(maxlen=_MAX_SAMPLES)
         # (answered_at, sent_at, seconds)
         self.samples: deque[tuple[float, float, float]] = deque(maxlen=_MAX_SAMPLES)
         self.last_p: float | None = None
@@ -111,7 +120,9 @@ class SloController:
     def sent(self) -> int:
         """A request goes upstream now; returns its handle for ``answered``."""
         i = next(self._ids)
-        self.pending[i] = self.clock()
+        now = self.clock()
+        self.pending[i] = now
+        self.sends.append(now)
         return i
 
     def answered(self, handle: int, ttft_s: float | None) -> None:
@@ -144,6 +155,10 @@ class SloController:
         t = self.target_s
         span = min(c.window_s, now - self.samples[0][0]) if self.samples else 0.0
         rate = total / max(span, c.interval_s)
+        while self.sends and self.sends[0] < now - c.window_s:
+            self.sends.popleft()
+        sent_span = min(c.window_s, now - self.sends[0]) if self.sends else 0.0
+        sent_rate = len(self.sends) / max(sent_span, c.interval_s)
         wait = len(self.pending) / rate if rate > 0 else None
         self.last_wait = wait
         hot = ((p is not None and (p >= c.down_at * t or (queued and p >= c.early_at * t)))
@@ -151,23 +166,30 @@ class SloController:
         if hot:
             self.calm_since = None
             if self.level < self.max_level and now - self.last_down >= c.down_hold_s:
-                up = self.up_from.get(self.level + 1)
-                if up is not None and now - up < c.up_hold_max_s:  # that step up was too much
-                    self.holds[self.level + 1] = min(c.up_hold_max_s, 2 * self.holds[self.level + 1])
+                lu = self.last_up
+                if lu is not None and lu[0] == self.level + 1 and now - lu[1] < c.up_hold_max_s:
+                    self.holds[lu[0]] = min(c.up_hold_max_s, 2 * self.holds[lu[0]])  # it was too much
+                self.last_up = None
+                self.down_rate = sent_rate
                 self._set(self.level + 1, now)
                 self.last_down = now
             return self.level
         for lv, t_up in self.up_from.items():  # a step up that stuck: its hold is reset
             if self.level < lv and now - t_up >= c.up_hold_max_s:
                 self.holds[lv] = c.up_hold_s
-        cool = not queued and ((p is not None and p < c.up_at * t) or (p is None and total < c.min_samples))
+        growing = total >= c.min_samples and sent_rate > 1.05 * rate
+        cool = not queued and not growing and ((p is not None and p < c.up_at * t)
+                                               or (p is None and total < c.min_samples))
         if not cool:
             self.calm_since = None
             return self.level
         if self.calm_since is None:
             self.calm_since = now
-        if self.level > 0 and now - self.calm_since >= self.holds[self.level]:
+        fell = p is None or sent_rate < 0.75 * self.down_rate
+        hold = c.up_hold_s if fell else self.holds[self.level]
+        if self.level > 0 and now - self.calm_since >= hold:
             self.up_from[self.level] = now
+            self.last_up = (self.level, now)
             self._set(self.level - 1, now)
             self.calm_since = now
         return self.level
