@@ -103,6 +103,22 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
          "Boxes and points in answers mapped back to the client's image (mapped) or left as the model "
          "wrote them (unattributed: several images, no Image N marker); history = mapped into the sent frame."),
     ]),
+    ("SLO-aware image budgets", [
+        ("Image budget level per model pool", "short",
+         [("max by (pool) (vlm_gateway_image_budget_level)", "{{pool}}")],
+         "0 = every image at its own budget; each level up sends smaller images (photos first, text "
+         "never below its legibility floor unless opted in). Steps down when the TTFT percentile nears "
+         "the target, back up with hysteresis (docs/TUNING.md)."),
+        ("TTFT at the SLO percentile vs target", "s",
+         [("max by (pool) (vlm_gateway_slo_ttft_seconds)", "measured {{pool}}"),
+          ("max by (pool) (vlm_gateway_slo_ttft_target_seconds)", "target {{pool}}")],
+         "The budget controller's own reading: the slo.percentile of the time to first token of requests "
+         "sent since its last level change, and slo.ttft_ms."),
+        ("Images sent below their budget", "percentunit",
+         [(f"sum by (class) (rate(vlm_gateway_images_degraded_total{W}))"
+           f" / ignoring(class) group_left sum(rate(vlm_gateway_images_total{W}))", "{{class}}")],
+         "Share of images sent smaller than their own budget because of the budget level, by content class."),
+    ]),
     ("Video", [
         ("Video prompt tokens / s", "short",
          [(rate("vlm_gateway_video_tokens_total", "stage"), "{{stage}}")],

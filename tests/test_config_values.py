@@ -174,6 +174,21 @@ BAD: dict[str, typing.Any] = {
     "video.engine_min_pixels": 0,
     "simulator.profile": "nope",
     "simulator.time_scale": 0,
+    "slo.ttft_ms": 0,
+    "slo.percentile": "p50",
+    "slo.window_s": 0,
+    "slo.min_samples": 0,
+    "slo.interval_s": 0,
+    "slo.down_at": 0,
+    "slo.early_at": 0,
+    "slo.kv_high": 1.5,
+    "slo.down_hold_s": -1,
+    "slo.up_at": 0,
+    "slo.up_hold_s": 0,
+    "slo.up_hold_max_s": 0,
+    "slo.photo_scales": [0.8, 0.9],
+    "slo.text_scales": [1.0, 0.0],
+    "slo.photo_floor_long_side": 0,
     "profiles": {"mine": {"engine": "tgi"}},
     "redis_url": "localhost:6379",
     "redis_prefix": "a:b",
@@ -183,7 +198,7 @@ NO_WRONG_VALUE = {"server.ui", "images.enabled", "images.allow_private_networks"
                   "cache.enabled", "cache.normalized", "cache.semantic", "cache.client_control",
                   "cache.semantic_guard", "images.allow_image_embeds", "images.map_coordinates",
                   "auth.tenants[].map_coordinates", "limits.allow_media_kwargs", "discovery[].read_pods",
-                  "video.enabled", "video.dedupe"}
+                  "video.enabled", "video.dedupe", "slo.enabled", "auth.tenants[].images_below_floor"}
 
 
 def model_keys(cls: type = GatewayConfig, path: str = "") -> list[str]:
@@ -280,6 +295,9 @@ def _serve(tmp_path, text: str | None = None, env: dict | None = None, args: tup
     ("redis_url: localhost:6379", "redis_url"),
     ("server: {log_level: verbose}", "server.log_level"),
     ("simulator: {profile: nope}", "simulator.profile"),
+    ("slo: {up_at: 0.95}", "slo.up_at"),
+    ("slo: {photo_scales: [0.8, 0.6, 0.5]}", "slo.text_scales"),
+    ("slo: {up_hold_s: 30}", "slo.up_hold_max_s"),
     ("backends: [{url: 'http://127.0.0.1:9/v1', profile: nope}]", "backends[0].profile"),
     ("images: {allow_networks: [not-a-network]}", "images.allow_networks"),
     ("server: {host: 'localhost:8080'}", "server.host"),

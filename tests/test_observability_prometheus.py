@@ -137,8 +137,9 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(servers, tmp_
                 "requests_per_minute": 1}]
     # two workers share their rate limits through Redis (per-process limits would double)
     redis = RedisServer(str(tmp_path)).start()
+    # slo.min_samples 1: the budget controller reads a TTFT percentile from this short load
     gw = servers.gateway({"auth": {"tenants": tenants}, "server": {"max_body_bytes": 256 * 1024},
-                          "redis_url": redis.url}, backends=sims, workers=2)
+                          "redis_url": redis.url, "slo": {"min_samples": 1}}, backends=sims, workers=2)
     prom_proc, prom = _prometheus(tmp_path, gw.port, [s.port for s in sims])
     try:
         # both targets up before the load, so every counter's first increase is seen

@@ -104,6 +104,8 @@ def test_status_shows_backends_and_recent_requests(open_gw):
     assert s["images"]["visual_tokens"]["before"] >= 2040
     assert s["requests_by_status"]["200"] >= 1
     assert isinstance(s["cache"], list)
+    (pool,) = s["image_budget"]["pools"]  # idle engines: full budgets
+    assert s["image_budget"]["enabled"] and (pool["pool"], pool["level"], pool["max_level"]) == ("qwen3vl-sim", 0, 4)
     models = httpx.get(gw.url + "/ui/api/models").json()
     assert models == {"models": ["qwen3vl-sim"]}
 

@@ -366,6 +366,8 @@ class TenantConfig:
     # Image settings for this tenant's requests, over the global and per-model ones: the keys
     # images.models accepts (e.g. {budget: fixed} or {text_max_long_side: 1920}).
     images: dict[str, Any] = field(default_factory=dict)
+    # Under engine pressure (slo), this tenant's images with text may go below their legibility floor.
+    images_below_floor: bool = False
 
 
 @dataclass
@@ -405,6 +407,48 @@ class LimitsConfig:
 
 
 @dataclass
+class SloConfig:
+    """SLO-aware image budgets (docs/TUNING.md#slo-aware-image-budgets): per model pool, a
+    controller holds the time to first token under `ttft_ms` by stepping a budget level down
+    (smaller images) under pressure and back up with hysteresis when the engines have room."""
+
+    # Run the controller; false = every image keeps its own budget (level 0) whatever the load.
+    enabled: bool = True
+    # The target: this percentile of the time to first token the gateway measures, in ms.
+    ttft_ms: float = 2000.0
+    percentile: Literal["p90", "p99"] = "p99"
+    # TTFT samples of the last window_s seconds make the percentile (only those of requests sent
+    # since the last level change: an earlier level's samples say nothing about this one).
+    window_s: float = 5.0
+    # Fewer samples than this since the last change: the percentile is not trusted yet.
+    min_samples: int = 20
+    # The controller decides this often.
+    interval_s: float = 0.5
+    # Step down when the percentile reaches down_at x ttft_ms, or early_at x ttft_ms while the
+    # engines queue (waiting requests, or KV use at kv_high).
+    down_at: float = 0.9
+    early_at: float = 0.6
+    kv_high: float = 0.95
+    # Least time between two steps down (the last step needs this long to show in the samples).
+    down_hold_s: float = 1.0
+    # Step up after the percentile stayed under up_at x ttft_ms, with no engine queue, this long;
+    # a step straight back down soon after a step up doubles this hold (up to up_hold_max_s);
+    # a step up that stuck for up_hold_max_s resets it; once the requests per second fell below
+    # 0.75 x what they were at the last step down, it is up_hold_s whatever the back-off.
+    up_at: float = 0.5
+    up_hold_s: float = 3.0
+    up_hold_max_s: float = 60.0
+    # Long-side factor per level (level 1, 2, ...) for images without text (photos); their
+    # count is the deepest level.
+    photo_scales: list[float] = field(default_factory=lambda: [0.83, 0.67, 0.58, 0.5])
+    # The same for images with text, which give up pixels later and never below their
+    # legibility floor (unless the request or tenant opts in).
+    text_scales: list[float] = field(default_factory=lambda: [1.0, 1.0, 0.83, 0.67])
+    # Photos are never made smaller than this long side (px).
+    photo_floor_long_side: int = 384
+
+
+@dataclass
 class SimulatorConfig:
     """The built-in simulator started when no backend is configured."""
 
@@ -426,6 +470,7 @@ class GatewayConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
+    slo: SloConfig = field(default_factory=SloConfig)
     # Extra/overriding GPU profiles, same shape as the shipped profiles.yaml entries.
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Shared state for several replicas (caches, rate limits); empty = in-process only.

@@ -266,6 +266,20 @@ def model_dir(v: str, cfg) -> str | None:
     return f"{', '.join(missing)} missing in {v!r}" if missing else None
 
 
+def level_scales(v: list, cfg) -> str | None:
+    """slo.*_scales: one factor per level, each in (0, 1], never growing with the level."""
+    if not v:
+        return "at least one level"
+    if len(v) > 16:
+        return f"at most 16 levels, got {len(v)}"
+    for i, x in enumerate(v):
+        if not 0 < x <= 1:
+            return f"item {i} ({x!r}): must be within (0, 1]"
+        if i and x > v[i - 1]:
+            return f"item {i} ({x!r}): must not be larger than the level before ({v[i - 1]!r})"
+    return None
+
+
 def image_overrides(v: dict, cfg) -> str | None:
     """images.models: {model: {key: value}}, a tenant's images: {key: value}; checked in ``_across``
     against the images rules."""
@@ -345,6 +359,19 @@ RULES: dict[str, Rule] = {
     "auth.tenants[].images": image_overrides,
     "auth.admin_key_sha256": lambda v, c: sha256_hex(v, c, optional=True),
     "limits.max_messages": at_least(1),
+    "slo.ttft_ms": above(0),
+    "slo.window_s": above(0),
+    "slo.min_samples": at_least(1),
+    "slo.interval_s": above(0),
+    "slo.down_at": above(0),
+    "slo.early_at": above(0),
+    "slo.kv_high": within(0, 1),
+    "slo.up_at": above(0),
+    "slo.up_hold_s": above(0),
+    "slo.up_hold_max_s": above(0),
+    "slo.photo_scales": level_scales,
+    "slo.text_scales": level_scales,
+    "slo.photo_floor_long_side": at_least(1),
     "simulator.profile": sim_profile,
     "simulator.time_scale": above(0),
     "profiles": gpu_profiles,
@@ -398,6 +425,7 @@ FREE: dict[str, str] = {
     "discovery[].engine": "a Literal",
     "discovery[].metrics_format": "a Literal",
     "video.plan": "a Literal",
+    "slo.percentile": "a Literal",
 }
 
 
@@ -482,6 +510,7 @@ def _across(cfg: "GatewayConfig") -> None:
     if cfg.routing.eject_max_s < cfg.routing.eject_base_s:
         raise ConfigError(f"routing.eject_max_s: must be >= routing.eject_base_s ({cfg.routing.eject_base_s:g}), "
                           f"got {cfg.routing.eject_max_s:g}")
+    _slo(cfg.slo)
     names: dict[str, int] = {}
     for i, b in enumerate(cfg.backends):
         name = b.name or urlsplit(b.url).netloc
@@ -495,6 +524,20 @@ def _across(cfg: "GatewayConfig") -> None:
             raise ConfigError(f"auth.tenants[{i}].name: duplicate tenant name {t.name!r}")
         tenants[t.name] = i
     per_process_limits(cfg)
+
+
+def _slo(s) -> None:
+    """The controller's thresholds must leave a band between stepping up and stepping down."""
+    from .config import ConfigError
+    if s.up_at >= s.down_at:
+        raise ConfigError(f"slo.up_at: must be < slo.down_at ({s.down_at:g}), got {s.up_at:g}")
+    if s.early_at > s.down_at:
+        raise ConfigError(f"slo.early_at: must be <= slo.down_at ({s.down_at:g}), got {s.early_at:g}")
+    if s.up_hold_max_s < s.up_hold_s:
+        raise ConfigError(f"slo.up_hold_max_s: must be >= slo.up_hold_s ({s.up_hold_s:g}), got {s.up_hold_max_s:g}")
+    if len(s.text_scales) != len(s.photo_scales):
+        raise ConfigError(f"slo.text_scales: one factor per level of slo.photo_scales ({len(s.photo_scales)}), "
+                          f"got {len(s.text_scales)}")
 
 
 def per_process_limits(cfg: "GatewayConfig") -> None:

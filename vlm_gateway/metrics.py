@@ -62,6 +62,18 @@ BACKEND_LOAD = _gauge("vlm_gateway_backend_load", "Normalised load per backend (
 ENGINE_METRIC = _gauge("vlm_gateway_engine_metric",
                        "Engine load figures as scraped (running, waiting, kv_usage, prefix_hits, prefix_queries)",
                        ("backend", "metric"), mode="livemostrecent")
+# SLO-aware image budgets (backends/slo.py): per model pool, livemax = the most cautious worker
+IMAGE_BUDGET_LEVEL = _gauge("vlm_gateway_image_budget_level",
+                            "Image budget level per model pool (0 = full budgets; higher = smaller images)",
+                            ("pool",), mode="livemax")
+SLO_TTFT = _gauge("vlm_gateway_slo_ttft_seconds",
+                  "Time to first token at the SLO percentile, as the budget controller measured it last",
+                  ("pool",), mode="livemax")
+SLO_TARGET = _gauge("vlm_gateway_slo_ttft_target_seconds", "Time-to-first-token target of the budget controller",
+                    ("pool",), mode="livemax")
+IMAGES_DEGRADED = Counter("vlm_gateway_images_degraded_total",
+                          "Images sent smaller than their own budget because of the budget level, by class",
+                          ("class",))
 QUEUE_DEPTH = _gauge("vlm_gateway_queue_depth", "Requests waiting for a backend slot")
 REJECTIONS = Counter("vlm_gateway_rejections_total", "Rejected requests by status and reason",
                      ("status", "reason"))

@@ -43,6 +43,7 @@ from .admission import ProfileFilter, Slots
 from .backend import Backend
 from .router import get_policy
 from .router.least_loaded import load
+from .slo import SloPools
 
 if TYPE_CHECKING:
     from ..core.request import ChatRequest
@@ -82,6 +83,8 @@ class Pool:
         self.slots = Slots(r.queue_timeout_s, r.max_queue)
         self._tasks: list[asyncio.Task] = []
         self._scrapers: dict[Backend, asyncio.Task] = {}
+        # SLO-aware image budgets: a budget level per model pool (slo.py)
+        self.slo = SloPools(cfg.slo, self)
         for bc, b in zip(cfg.backends, backends):
             if bc.profile and not b.profile:
                 log.error("backend %s names GPU profile %r, which is not defined (backends/profiles.yaml or "
@@ -95,6 +98,7 @@ class Pool:
         self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
         for b in self.backends:
             self._start_scraper(b)
+        self.slo.start()
 
     def _start_scraper(self, b: Backend) -> None:
         if b.scrape_state.sources:
@@ -123,6 +127,7 @@ class Pool:
             metrics.forget_backend(b.name)
 
     async def close(self) -> None:
+        await self.slo.close()
         tasks = self._tasks + list(self._scrapers.values())
         for t in tasks:
             t.cancel()

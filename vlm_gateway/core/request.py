@@ -53,6 +53,8 @@ class MediaPart:
     source_bytes: int = 0
     tokens_before: int = 0
     tokens_after: int = 0
+    # sent smaller than its own budget because of the SLO budget level (stages/images/pressure.py)
+    degraded: bool = False
     kind: str = "image"
     ptype: str = "image_url"
     # what the video stage did (stages.video.stage.VideoSent) for a video part

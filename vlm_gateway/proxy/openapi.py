@@ -80,7 +80,7 @@ def _completion_path(summary: str, schema_ref: str) -> dict[str, Any]:
                         "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
                         "x-ratelimit-reset-requests", "x-vlm-gateway-grounding",
                         "x-vlm-gateway-image-transform-1", "x-vlm-gateway-video-tokens",
-                        "x-vlm-gateway-video-1")}},
+                        "x-vlm-gateway-video-1", "x-vlm-gateway-image-budget")}},
             **_errors(400, 401, 403, 404, 413, 429, 501, 502, 503, 504)}}}
 
 

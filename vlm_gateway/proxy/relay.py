@@ -29,6 +29,7 @@ from .sse import DONE, KEEPALIVE, EventTooLarge, StreamWatcher, event
 
 if TYPE_CHECKING:
     from ..backends.backend import Backend
+    from ..backends.slo import Sent
     from .gateway import Gateway
     from ..core.request import ChatRequest
 
@@ -212,6 +213,14 @@ class Relay:
             return Unavailable(message, code=reason, headers={"retry-after": "1"})
         return BadGateway(message, code=reason)
 
+    @staticmethod
+    def _ttft(b: "Backend", t_sent: float, sent: "Sent") -> None:
+        """Time to first byte from the engine (the admission wait included): the metric and
+        the model pool's budget controller."""
+        t = time.perf_counter() - t_sent
+        metrics.UPSTREAM_TTFT.labels(b.name).observe(t)
+        sent.first(t)
+
     def _done(self, req: "ChatRequest", b: "Backend", t_sent: float, usage: dict | None) -> None:
         self.pool.release(b)
         self.pool.record_success(b)
@@ -226,6 +235,13 @@ class Relay:
 
     # -- non-stream --------------------------------------------------------------------
     async def non_stream(self, req: "ChatRequest", out: Responder) -> None:
+        sent = self.pool.slo.sent(req.model)
+        try:
+            await self._non_stream(req, out, sent)
+        finally:
+            sent.close()
+
+    async def _non_stream(self, req: "ChatRequest", out: Responder, sent: "Sent") -> None:
         t_sent = time.perf_counter()
         b, resp = await self.open(req)
         t0 = time.perf_counter()
@@ -248,7 +264,7 @@ class Relay:
             raise
         finally:
             req.upstream_s += time.perf_counter() - t0
-        metrics.UPSTREAM_TTFT.labels(b.name).observe(time.perf_counter() - t_sent)
+        self._ttft(b, t_sent, sent)
         try:
             completion = orjson.loads(body)
             if not isinstance(completion, dict):
@@ -273,6 +289,13 @@ class Relay:
 
     # -- stream ------------------------------------------------------------------------
     async def stream(self, req: "ChatRequest", out: Responder) -> None:
+        sent = self.pool.slo.sent(req.model)
+        try:
+            await self._stream(req, out, sent)
+        finally:
+            sent.close()
+
+    async def _stream(self, req: "ChatRequest", out: Responder, sent: "Sent") -> None:
         t_sent = time.perf_counter()
         opening = asyncio.ensure_future(self.open(req))
         try:
@@ -309,7 +332,7 @@ class Relay:
                 chunk = first.result()
             except StopAsyncIteration:
                 chunk = b""
-            metrics.UPSTREAM_TTFT.labels(b.name).observe(time.perf_counter() - t_sent)
+            self._ttft(b, t_sent, sent)
             while chunk:
                 if tf is not None:
                     chunk = tf.feed(chunk)

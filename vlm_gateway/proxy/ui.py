@@ -292,6 +292,8 @@ def routes_status(cfg: GatewayConfig):
             "time": time.time(),
             "backends": [_backend_view(b) for b in gw.pool.backends],
             "routing_policy": cfg.routing.policy,
+            # SLO-aware image budgets: each model pool's level (0 = full budgets) and its evidence
+            "image_budget": {"enabled": cfg.slo.enabled, "pools": gw.pool.slo.status()},
             "cache": cache,
             "images": {"visual_tokens": {k: int(v) for k, v in vt.items()},
                        "bytes": {k: int(v) for k, v in ib.items()},

@@ -302,6 +302,14 @@ async function refreshStatus() {
     cell(tr, el.running == null ? "–" : `${el.running} / ${el.waiting ?? 0}`);
     cell(tr, el.kv_usage == null ? "–" : (el.kv_usage * 100).toFixed(1) + "%");
   });
+  const ib = s.image_budget || { pools: [] };
+  fillTable("budget", ib.pools, (tr, p) => {
+    cell(tr, p.pool);
+    cell(tr, `${p.level} / ${p.max_level}`, p.level ? "bad" : "ok");
+    cell(tr, p.ttft_ms == null ? "–" : `${p.ttft_ms} ms`);
+    cell(tr, `${p.percentile} ${p.target_ms} ms`);
+    cell(tr, p.queued ? "yes" : "no");
+  });
   fillTable("caches", s.cache, (tr, c) => {
     cell(tr, c.level); cell(tr, fmtInt(c.lookups)); cell(tr, fmtInt(c.hits));
     cell(tr, c.ratio == null ? "–" : (c.ratio * 100).toFixed(1) + "%");

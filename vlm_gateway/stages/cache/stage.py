@@ -142,6 +142,8 @@ class ResponseCache:
             return
         if req.grounding is not None and not req.grounding.cacheable:
             return  # answered in frames other than those the key was built with
+        if any(p.degraded for p in req.images):
+            return  # read from images made smaller under load: not an answer for full budgets
         enc = self.store.encode(completion)
         if enc is None:
             return

@@ -1,6 +1,6 @@
 """Where cached completions live.
 
-``LocalStore``: in-process LRU bounded by bytes, with a TTL per entry.
+``LocalStore``: in-process, in the one bounded map (``lru.py``), by bytes, with a TTL per entry.
 ``RedisStore``: shared by every replica; each call is bounded by a timeout and a
 failure or timeout counts as a miss. After a failure Redis is skipped for
 ``retry_s`` so that a down Redis costs one timeout per interval, not one per

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from .legibility import Estimate
 from .policy import Policy
 
-REASONS = ("legible", "floor", "ceiling", "no_text", "fixed", "client", "source")
+REASONS = ("legible", "floor", "ceiling", "no_text", "fixed", "client", "source", "pressure")
 CLASSES = ("text", "dense_text", "no_text", "unmeasured")
 # horizontal-stroke edges per vertical-stroke edge inside lines above which text is
 # dense and square (CJK): Latin text and digits measure 0.25-0.45, CJK 0.6-0.75

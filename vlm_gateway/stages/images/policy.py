@@ -3,7 +3,8 @@ resolved from global config, per-model overrides, the tenant's ``images`` settin
 ``detail`` and the ``x-vlm-gateway-image-policy`` header (later wins), then capped
 by the chosen backend. Where the client asked for a size (``detail``, the header)
 the fixed rule applies at that size; otherwise ``budget`` picks the rule
-(``legible``: budget.py, from the text the image holds; ``fixed``: max_long_side)."""
+(``legible``: budget.py, from the text the image holds; ``fixed``: max_long_side).
+Under engine pressure the SLO budget level (``pressure.py``) is applied on top."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 from ...core.errors import BadRequest
 
 if TYPE_CHECKING:
-    from ...config import ImagesConfig
+    from ...config import ImagesConfig, SloConfig
 
 POLICY_HEADER = "x-vlm-gateway-image-policy"
+# header value: the default budget, and under engine pressure text may go below its legibility floor
+BELOW_FLOOR = "below-floor"
 _OVERRIDABLE = ("max_long_side", "grid_factor", "min_pixels", "max_pixels", "detail_low_long_side",
                 "detail_high_long_side", "trim_borders", "trim_tolerance", "jpeg_quality", "resample",
                 "prescale_gap", "budget", "text_max_long_side", "legible_text_px", "legible_dense_px",
@@ -44,6 +47,12 @@ class Policy:
     legible_text_px: float = 6.5
     legible_dense_px: float = 12.0
     photo_long_side: int = 0  # 0: max_long_side
+    # SLO budget level (backends/slo.py) and how it scales this image (pressure.py)
+    level: int = 0
+    below_floor: bool = False
+    photo_scales: tuple[float, ...] = ()
+    text_scales: tuple[float, ...] = ()
+    photo_floor: int = 0
 
     @property
     def legible(self) -> bool:
@@ -51,14 +60,24 @@ class Policy:
 
     @property
     def key(self) -> str:
-        base = (f"{self.max_long_side if self.enabled else 0}/{self.grid_factor}/{self.min_pixels}/"
-                f"{self.trim_borders:d}{self.trim_tolerance}/q{self.jpeg_quality}/{self.resample}/"
-                f"{self.prescale_gap:g}")
-        if not self.legible:
-            return base
-        # everything the legible rule reads changes the output; max_pixels bounds the area
-        return (f"{base}/L{self.text_max_long_side}/{self.legible_text_px:g}/{self.legible_dense_px:g}/"
-                f"{self.photo_long_side}/{self.max_pixels}")
+        k = (f"{self.max_long_side if self.enabled else 0}/{self.grid_factor}/{self.min_pixels}/"
+             f"{self.trim_borders:d}{self.trim_tolerance}/q{self.jpeg_quality}/{self.resample}/"
+             f"{self.prescale_gap:g}")
+        if self.legible:
+            # everything the legible rule reads changes the output; max_pixels bounds the area
+            k += (f"/L{self.text_max_long_side}/{self.legible_text_px:g}/{self.legible_dense_px:g}/"
+                  f"{self.photo_long_side}/{self.max_pixels}")
+        if self.level > 0:
+            k += (f"/P{self.level}{'b' if self.below_floor else ''}:{self.photo_floor}:"
+                  f"{','.join(f'{x:g}' for x in self.photo_scales)}:{','.join(f'{x:g}' for x in self.text_scales)}")
+        return k
+
+    def under(self, level: int, slo: "SloConfig", below_floor: bool) -> "Policy":
+        """This policy at SLO budget ``level``; an image sent as it came ("off") is left alone."""
+        if level <= 0 or not self.enabled:
+            return self
+        return replace(self, level=level, below_floor=below_floor, photo_scales=tuple(slo.photo_scales),
+                       text_scales=tuple(slo.text_scales), photo_floor=slo.photo_floor_long_side)
 
     def capped(self, long_side: int | None) -> "Policy":
         """This policy under a backend's hard limit on the long side."""
@@ -87,20 +106,20 @@ def model_settings(cfg: "ImagesConfig", model: str, tenant: dict[str, Any] | Non
 
 
 def parse_header(value: str | None) -> str | int:
-    """'off' | 'default' | a long side in pixels."""
+    """'off' | 'default' | 'below-floor' | a long side in pixels."""
     if value is None:
         return "default"
     v = value.strip().lower()
     if v in ("", "default", "on", "auto"):
         return "default"
-    if v == "off":
-        return "off"
+    if v in ("off", BELOW_FLOOR):
+        return v
     try:
         n = int(v)
     except ValueError:
         n = 0
     if n <= 0 or n > 16384:
-        raise BadRequest(f"{POLICY_HEADER} must be off, default or a long side in pixels (1-16384), got {value!r}",
+        raise BadRequest(f"{POLICY_HEADER} must be off, default, below-floor or a long side in pixels (1-16384), got {value!r}",
                          param=POLICY_HEADER, code="invalid_image_policy")
     return n
 

@@ -11,7 +11,7 @@ the benchmark call it directly."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...vision_tokens import target_size, visual_tokens
 from . import budget as budgets
@@ -20,6 +20,7 @@ from .decode import MIME, Decoded, Header, Opened, decode_opened, open_checked, 
 from .encode import data_uri, encode
 from .legibility import estimate
 from .policy import Policy
+from .pressure import long_side as pressed
 from .resize import downscale, prescale_size
 from .trim import content_box
 
@@ -61,17 +62,32 @@ def tokens(width: int, height: int, policy: Policy) -> int:
 
 
 def needs_rewrite(header: Header, policy: Policy) -> bool:
-    """Over the size where a decision is needed (at or under it: sent as it is)."""
+    """Over the size where a decision is needed (at or under it: sent as it is, unless the
+    client opted in to shrinking under engine pressure)."""
     limit = budgets.estimate_side(policy) if policy.legible else policy.max_long_side
+    if policy.level > 0:
+        limit = pressed(limit, 0, "unknown", policy.level, policy.photo_scales, policy.text_scales,
+                        policy.photo_floor, policy.below_floor)
     return policy.enabled and max(header.width, header.height) > limit
 
 
+# pressure.py's classes for budget.py's
+_PRESSURE_CLASS = {"no_text": "none", "text": "text", "dense_text": "text"}
+
+
 def decide(policy: Policy, d: Decoded, content_long: int) -> Budget:
-    """The long side for this image: THE call site of the decision (budget.py; a
-    load-aware adjustment may lower ``long_side`` here, never below ``legible_floor``)."""
+    """The long side for this image: THE call site of the decision (budget.py), lowered
+    under engine pressure by the SLO budget level (pressure.py), never below
+    ``legible_floor`` unless the client or tenant opted in."""
     if not policy.legible:
-        return budgets.fixed(policy, content_long, "client" if policy.budget == "client" else "fixed")
-    return budgets.choose(estimate(d.image, d.scale), content_long, policy)
+        b = budgets.fixed(policy, content_long, "client" if policy.budget == "client" else "fixed")
+    else:
+        b = budgets.choose(estimate(d.image, d.scale), content_long, policy)
+    if policy.level <= 0:
+        return b
+    side = pressed(b.long_side, b.legible_floor, _PRESSURE_CLASS.get(b.cls, "unknown"), policy.level,
+                   policy.photo_scales, policy.text_scales, policy.photo_floor, policy.below_floor)
+    return b if side >= b.long_side else replace(b, long_side=side, reason="pressure")
 
 
 def _draft(header: Header, policy: Policy) -> tuple[int, int]:

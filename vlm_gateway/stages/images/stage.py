@@ -11,6 +11,10 @@ response starts, and register a ``before_send`` hook that
 applies the rewrite for the chosen backend (capped by its profile's
 ``image_max_long_side``; L1 makes a second rewrite cheap). Pass-through data:
 images keep their original string byte for byte.
+
+Each policy carries the model pool's SLO budget level of the moment (``backends/slo.py``,
+applied per image by ``pressure.py`` after the budget's own decision);
+``x-vlm-gateway-image-budget`` tells per image the decision and the level.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from .decode import ImageError, probe
 from .encode import data_uri
 from .fetch import FetchError, check_address
 from .l1 import L1Cache
-from .policy import POLICY_HEADER, Policy, parse_header, resolve
+from .policy import BELOW_FLOOR, POLICY_HEADER, Policy, parse_header, resolve
 from .rewrite import Rewritten, rewrite, tokens
 from .source import Source, as_error, content_hash, media_sources
 
@@ -42,7 +46,8 @@ log = logging.getLogger("vlm_gateway.images")
 TOKENS_HEADER = "x-vlm-gateway-visual-tokens"
 # per image, what was converted so the engine reads what a viewer shows (docs/IMAGES.md)
 CONVERTED_HEADER = "x-vlm-gateway-image-converted"
-# per image over the pass-through size: the long-side decision (budget.Budget.header)
+# per image: the long-side decision (budget.Budget.header; "long_side=original" within the
+# pass-through size) and the SLO budget level it was made under, entries joined by ", "
 BUDGET_HEADER = "x-vlm-gateway-image-budget"
 _SMALL = 256 * 1024  # hash/decode bigger payloads in the pool
 _VERIFIED_ENTRIES = 16384
@@ -56,6 +61,8 @@ def _bad(part: "ImagePart", e: ImageError | FetchError) -> BadRequest:
 class ImageRewriter:
     def __init__(self, gw: "Gateway") -> None:
         cfg = gw.cfg.images
+        self.slo_cfg = gw.cfg.slo
+        self.slo = gw.pool.slo
         self.cfg = cfg
         self.sources = media_sources(gw)
         self.pool = self.sources.pool
@@ -102,7 +109,7 @@ class ImageRewriter:
                         req: "ChatRequest | None" = None) -> tuple[Rewritten, str]:
         """(result, outcome). ``result.url`` None = send the original string."""
         r, outcome = await self._rewritten(part, src, policy, req)
-        if r.budget is not None and not policy.legible and r.budget.reason != policy.budget:
+        if (r.budget is not None and not policy.legible and r.budget.reason not in (policy.budget, "pressure")):
             # the fixed rule and a client's own size share cached bytes; the reason is this request's
             r = replace(r, budget=replace(r.budget, reason=policy.budget))
         return r, outcome
@@ -164,6 +171,11 @@ class ImageRewriter:
         tenant_images = getattr(tenant, "images", None) or None
         policies = [resolve(self.cfg, req.model, policy_header, part.detail, tenant_images) if self.cfg.enabled
                     else OFF for part in req.images]
+        level = self.slo.level(req.model)
+        if level:
+            opted = policy_header == BELOW_FLOOR or bool(getattr(tenant, "images_below_floor", False))
+            policies = [pol.under(level, self.slo_cfg, opted or part.detail == "low")
+                        for pol, part in zip(policies, req.images)]
         sources = await _gather([self.source(p, req) for p in req.images])
         policies = grounding.gate_trim(self.cfg, req, sources, policies)  # no crop unless answers map back
         for part, src, pol in zip(req.images, sources, policies):
@@ -212,11 +224,12 @@ class ImageRewriter:
             req.response_headers[CONVERTED_HEADER] = "; ".join(notes)
         else:
             req.response_headers.pop(CONVERTED_HEADER, None)
-        budgets = [r.budget.header(p.param) for p, (_, r) in zip(req.images, chosen) if r.budget is not None]
-        if budgets:
-            req.response_headers[BUDGET_HEADER] = ", ".join(budgets)
-        else:
-            req.response_headers.pop(BUDGET_HEADER, None)
+        budgets = []
+        for p, (pol, r) in zip(req.images, chosen):
+            p.degraded = r.budget is not None and r.budget.reason == "pressure"
+            entry = r.budget.header(p.param) if r.budget is not None else f"{p.param};long_side=original"
+            budgets.append(f"{entry};level={pol.level}")
+        req.response_headers[BUDGET_HEADER] = ", ".join(budgets)
         grounding.record(req, [r for _, r in chosen], plan["sources"])
 
     def _count(self, req: "ChatRequest", results: list[Rewritten], outcomes: list[str]) -> None:
@@ -230,6 +243,8 @@ class ImageRewriter:
             metrics.IMAGES.labels(outcome).inc()
             if r.budget is not None:
                 metrics.IMAGE_BUDGETS.labels(r.budget.cls, r.budget.reason).inc()
+            if part.degraded:
+                metrics.IMAGES_DEGRADED.labels(r.budget.cls if r.budget is not None else "unmeasured").inc()
             metrics.IMAGE_BYTES.labels("in").inc(part.source_bytes)
             metrics.IMAGE_BYTES.labels("out").inc(len(r.data) if r.url is not None else part.source_bytes)
 

@@ -309,9 +309,9 @@ def _videos(req: "ChatRequest") -> list["MediaPart"]:
 
 def _policy(req: "ChatRequest") -> str:
     v = (req.headers.get(POLICY_HEADER) or "").strip().lower()
-    if v in ("", "default", "on", "auto"):
+    if v in ("", "default", "on", "auto", "below-floor"):  # below-floor concerns images only
         return "default"
     if v == "off":
         return "off"
-    raise BadRequest(f"{POLICY_HEADER} must be off or default, got {v[:40]!r}", param=POLICY_HEADER,
+    raise BadRequest(f"{POLICY_HEADER} must be off, default or below-floor, got {v[:40]!r}", param=POLICY_HEADER,
                      code="invalid_video_policy")
