@@ -16,6 +16,7 @@ PAGES = [("summary.md", None), ("overhead.md", "Gateway overhead (vs LiteLLM's p
          ("gpu.md", "Real engine (vLLM 0.24 on H200)"), ("images.md", "Image rewriting"), ("video.md", "Video rewriting"),
          ("grounding.md", "Grounding (coordinates in the client's frame)"),
          ("cache.md", "Response caches (L3)"), ("routing.md", "Routing policies (simulated H200 pool)"),
+         ("slo.md", "SLO-aware image budgets (simulated H200 pool)"),
          ("simulator.md", "Simulator calibration"), ("soak.md", "Soak"),
          ("discovery.md", "Backend discovery: affinity under membership changes"),
          ("scale.md", "Gateway replicas (scale)"),

@@ -297,7 +297,7 @@ def _serve(tmp_path, text: str | None = None, env: dict | None = None, args: tup
     ("simulator: {profile: nope}", "simulator.profile"),
     ("slo: {up_at: 0.95}", "slo.up_at"),
     ("slo: {photo_scales: [0.8, 0.6, 0.5]}", "slo.text_scales"),
-    ("slo: {up_hold_s: 30}", "slo.up_hold_max_s"),
+    ("slo: {up_hold_s: 90}", "slo.up_hold_max_s"),
     ("backends: [{url: 'http://127.0.0.1:9/v1', profile: nope}]", "backends[0].profile"),
     ("images: {allow_networks: [not-a-network]}", "images.allow_networks"),
     ("server: {host: 'localhost:8080'}", "server.host"),

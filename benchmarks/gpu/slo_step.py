@@ -211,6 +211,9 @@ def pct(v: list[float], q: float) -> float | None:
 
 def summary(recs: list[dict], phases: list[tuple[str, float, float]], target_ms: float) -> dict:
     out = {}
+    # each kind's budget: its long side at level 0 (over the whole run)
+    full = {k: max((r["long_side"] for r in recs if r["kind"] == k and r.get("level") == 0 and r.get("long_side")),
+                   default=0) for k in ("screenshot", "photo")}
     for name, a, b in phases:
         ph = [r for r in recs if a <= r["t"] < b]
         ok = [r for r in ph if r["ttft"] is not None]
@@ -224,8 +227,7 @@ def summary(recs: list[dict], phases: list[tuple[str, float, float]], target_ms:
         row["p99_over_slo"] = round(row["ttft_p99_ms"] / target_ms, 2) if tt and target_ms else None
         for k in ("screenshot", "photo"):
             ki = [r for r in imgs if r["kind"] == k]
-            full = max((r["long_side"] for r in ki), default=0)
-            deg = [r for r in ki if r["long_side"] and full and r["long_side"] < full]
+            deg = [r for r in ki if r["long_side"] and full[k] and r["long_side"] < full[k]]
             row[f"{k}_degraded_share"] = round(len(deg) / len(ki), 3) if ki else None
             row[f"{k}_mean_tokens_after"] = round(statistics.mean(r["tokens_after"] for r in ki), 1) \
                 if ki and all("tokens_after" in r for r in ki) else None
