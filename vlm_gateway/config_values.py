@@ -381,6 +381,7 @@ RULES: dict[str, Rule] = {
 FREE: dict[str, str] = {
     "server.log_level": "a Literal: the type check lists the choices",
     "server.log_format": "a Literal",
+    "server.pid_dir": "any directory path; it is created at start",
     "backends[].engine": "a Literal",
     "images.url_mode": "a Literal",
     "images.resample": "a Literal",
