@@ -134,6 +134,10 @@ async def _probes_only(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+# scope key: perf_counter() at the request's first byte
+FIRST_BYTE = "vlm_gateway.first_byte"
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -146,6 +150,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._body_start = self._body_last = 0.0
         self._body_bytes = 0
+        self._first_byte = 0.0
         self._send_stalled = 0.0  # when the client stopped taking response bytes (0: it takes them)
 
     # -- bookkeeping -------------------------------------------------------------------
@@ -258,6 +263,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- parser callbacks --------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._first_byte = time.perf_counter()  # the request's timing starts here (core/timing.py)
         if self.guard is None:
             return
         if self._reading != "head":  # a keep-alive request: its own deadline from its first byte
@@ -268,6 +274,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self.guard is None:
             super().on_headers_complete()
+            self.scope[FIRST_BYTE] = self._first_byte
             return
         self._reading, self._serving = "body", True
         self._head_bytes = 0
@@ -282,6 +289,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             super().on_headers_complete()
         finally:
             self.app = app
+        self.scope[FIRST_BYTE] = self._first_byte  # the app task has not run yet
         self._arm(now + self.guard.settings.body_timeout_s)
 
     def on_body(self, body: bytes) -> None:

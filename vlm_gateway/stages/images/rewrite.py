@@ -13,7 +13,7 @@ from ...vision_tokens import target_size, visual_tokens
 from .decode import MIME, Header, decode_opened, open_checked, probe, verify
 from .encode import data_uri, encode
 from .policy import Policy
-from .resize import downscale, prescale_size
+from .resize import downscale, prescale_size, reduce_factor
 from .trim import content_box
 
 DEFAULT_MAX_SOURCE_PIXELS = 64_000_000
@@ -75,21 +75,33 @@ def rewrite(data: bytes, header: Header, policy: Policy,
                          view=(im.width, im.height, 0.0, 0.0, float(im.width), float(im.height)))
     f = policy.grid_factor
     target = target_size(header.width, header.height, policy.max_long_side, f, policy.min_pixels)
-    d = decode_opened(op, prescale_size(target, policy.prescale_gap))
-    im, scale = d.image, d.scale
-    view = _full_view(im, scale, header)
+    gap = policy.prescale_gap
+    d = decode_opened(op, prescale_size(target, gap))
+    full, scale = d.image, d.scale
+    view = _full_view(full, scale, header)
+    # target from the upright size in source pixels (EXIF orientation may have turned it)
+    target = target_size(max(1, round(full.width * scale)), max(1, round(full.height * scale)),
+                         policy.max_long_side, f, policy.min_pixels)
+    # Trim on a reduced image (box averages keep a uniform border exactly uniform); the
+    # resize then starts from the full decode when the content needs more of its pixels.
+    k = reduce_factor(full.size, target, gap)
+    im = full.reduce(k) if k >= 2 else full
     trimmed = False
     if policy.trim_borders:
-        box = content_box(im, policy.trim_tolerance, min_side=max(2, int(f / scale)))
+        box = content_box(im, policy.trim_tolerance, min_side=max(2, int(f / (scale * k))))
         if box is not None:
             kx, ky = view[0] / im.width, view[1] / im.height
             view = (view[0], view[1], box[0] * kx, box[1] * ky, box[2] * kx, box[3] * ky)
-            im = im.crop(box)
             trimmed = True
-    # target from the upright content size in source pixels
-    cw, ch = max(1, round(im.width * scale)), max(1, round(im.height * scale))
-    target = target_size(cw, ch, policy.max_long_side, f, policy.min_pixels)
-    im = downscale(im, target, policy.resample, policy.prescale_gap)
+            fbox = (box[0] * k, box[1] * k, min(full.width, box[2] * k), min(full.height, box[3] * k))
+            cw, ch = max(1, round((fbox[2] - fbox[0]) * scale)), max(1, round((fbox[3] - fbox[1]) * scale))
+            target = target_size(cw, ch, policy.max_long_side, f, policy.min_pixels)
+            k2 = reduce_factor((fbox[2] - fbox[0], fbox[3] - fbox[1]), target, gap)
+            if k2 == k:
+                im = im.crop(box)
+            else:
+                im = full.reduce(k2, box=fbox) if k2 >= 2 else full.crop(fbox)
+    im = downscale(im, target, policy.resample, gap)
     out, mime = encode(im, policy.jpeg_quality)
     return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
                      len(data), before, tokens(im.width, im.height, policy), trimmed, time.perf_counter() - t0,
