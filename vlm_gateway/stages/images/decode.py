@@ -393,7 +393,7 @@ def to_srgb(im: Image.Image, icc: bytes | None, nclx) -> tuple[Image.Image, list
 
 @dataclass(slots=True)
 class Decoded:
-    image: Image.Image  # RGB, upright, sRGB
+    image: Image.Image  # RGB, upright, sRGB (RGBX or L from the libvips PNG path: vips.rgb())
     scale: float = 1.0  # source px per decoded px (JPEG DCT scaling)
     conversions: list[str] = field(default_factory=list)
     frames: int = 1
@@ -426,9 +426,9 @@ def decode_opened(op: Opened, draft_size: tuple[int, int] | None = None,
         if draft_size is not None and op.format == "jpeg":
             im.draft(None, draft_size)
         if op.format == "png" and not why and orient == 1 and op.data and vips.plain_png(im):
-            im = vips.decode_png(op.data, im.size)  # libspng: faster, and scales over threads
-        else:
-            im.load()
+            # libspng: faster, and scales over threads; plain sRGB pixels, nothing to convert
+            return Decoded(vips.decode_png(op.data, im.size), 1.0, [], op.frames)
+        im.load()
         check_size(op.format, *im.size, op.max_pixels)  # some decoders (HEIF) settle the size only now
         scale = stored_w / im.width
         if orient != 1:
@@ -470,7 +470,7 @@ def decode(data: bytes, fmt: str, draft_size: tuple[int, int] | None = None,
            max_pixels: int = 64_000_000) -> tuple[Image.Image, float]:
     """Full decode to RGB, upright, sRGB, and the scale the decode applied."""
     d = decode_opened(open_checked(data, fmt, max_pixels), draft_size)
-    return d.image, d.scale
+    return vips.rgb(d.image), d.scale
 
 
 def open_image(data: bytes, fmt: str) -> Image.Image:

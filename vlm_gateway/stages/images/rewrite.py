@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ...vision_tokens import target_size, visual_tokens
 from .decode import MIME, Header, decode_opened, open_checked, probe, verify
 from .encode import data_uri, encode
+from . import vips
 from .policy import Policy
 from .resize import downscale, prescale_size, reduce_factor
 from .trim import content_box
@@ -85,7 +86,7 @@ def rewrite(data: bytes, header: Header, policy: Policy,
     # Trim on a reduced image (box averages keep a uniform border exactly uniform); the
     # resize then starts from the full decode when the content needs more of its pixels.
     k = reduce_factor(full.size, target, gap)
-    im = full.reduce(k) if k >= 2 else full
+    im = vips.rgb(full.reduce(k) if k >= 2 else full)
     trimmed = False
     if policy.trim_borders:
         box = content_box(im, policy.trim_tolerance, min_side=max(2, int(f / (scale * k))))
@@ -100,7 +101,7 @@ def rewrite(data: bytes, header: Header, policy: Policy,
             if k2 == k:
                 im = im.crop(box)
             else:
-                im = full.reduce(k2, box=fbox) if k2 >= 2 else full.crop(fbox)
+                im = vips.rgb(full.reduce(k2, box=fbox) if k2 >= 2 else full.crop(fbox))
     im = downscale(im, target, policy.resample, gap)
     out, mime = encode(im, policy.jpeg_quality)
     return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,

@@ -46,12 +46,19 @@ def plain_png(im: Image.Image) -> bool:
 
 
 def decode_png(data: bytes, size: tuple[int, int]) -> Image.Image:
-    """The pixels of a plain PNG (``plain_png``), as an RGB or L Pillow image of ``size``."""
+    """The pixels of a plain PNG (``plain_png``) as a read-only Pillow image of ``size`` that
+    shares libvips' memory: ``RGBX`` (RGB and a padding band, Pillow's own layout for RGB,
+    so nothing is copied) or ``L``. ``rgb()`` turns it into RGB, best after a reduction."""
     v = pyvips.Image.new_from_buffer(data, "", access="sequential", fail=True)
     if (v.width, v.height) != size or v.format != "uchar" or v.bands not in (1, 3):
         raise ValueError(f"libvips read {v.width}x{v.height}x{v.bands} {v.format}, the header says {size}")
-    mode = "RGB" if v.bands == 3 else "L"
-    return Image.frombuffer(mode, size, v.write_to_memory(), "raw", mode, 0, 1)
+    if v.bands == 1:
+        return Image.frombuffer("L", size, v.write_to_memory(), "raw", "L", 0, 1)
+    return Image.frombuffer("RGBX", size, v.bandjoin(255).write_to_memory(), "raw", "RGBX", 0, 1)
+
+
+def rgb(im: Image.Image) -> Image.Image:
+    return im.convert("RGB") if im.mode in ("RGBX", "L") else im
 
 
 def resize(im: Image.Image, target: tuple[int, int], resample: str) -> Image.Image:
