@@ -32,6 +32,9 @@ cfg=/root/gateway-$POLICY.yaml
     echo "  - {url: http://127.0.0.1:$((8000 + i))/v1, name: gpu$i, engine: vllm, profile: h200, models: [qwen3vl]}"
   done
 } > "$cfg"
+# the PNG decode and resize fast paths need pyvips + pyvips-binary (and cffi) among the wheels
+PYTHONPATH=$SITE:$here python3 -c "import pyvips" 2>/dev/null ||
+  echo "warning: pyvips is not importable: images take the slower Pillow-only path (add pyvips, pyvips-binary, cffi wheels)"
 PYTHONPATH=$SITE:$here setsid python3 -m vlm_gateway serve --config "$cfg" > /root/gateway.log 2>&1 &
 echo $! > "$PIDFILE"   # setsid: the pid is also the process group of the gateway and its workers
 for _ in $(seq 1 60); do
