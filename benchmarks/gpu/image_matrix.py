@@ -10,9 +10,11 @@ JSON to the given path (after every cell, so a cut-short run keeps what it measu
     python3 benchmarks/gpu/image_matrix.py --out m1.json --workloads jpeg1080,jpeg12mp --cell-s 30
     python3 benchmarks/gpu/image_matrix.py --out m2.json --workloads png1080,png1800 --cell-s 30
 
-Time: 24 cells of ``cell_s`` + warm-up + drain. With the default budget of 540 s the whole
-matrix gets cells of about 17 s (each still at least 10 x the concurrency requests); the
-30 s cells take two runs of two workloads each (about 6.5 minutes each).
+Time: 24 cells of ``cell_s`` + warm-up + drain, and a cell at concurrency 64 runs until 640
+requests are measured (about 26 s at 25 req/s). With the default budget of 540 s the whole
+matrix gets cells of about 12 s at concurrency 1 and 16 (the concurrency-64 cells last as
+long as their 640 requests take); 30 s cells take two runs of two workloads each (about 7
+minutes each).
 """
 
 from __future__ import annotations
@@ -27,6 +29,19 @@ import loadgen  # noqa: E402
 
 PER_CELL_EXTRA_S = 5.0  # warm-up (3 s) + drain of the last requests + CPU snapshots
 SETUP_S = 15.0          # base images and their rewrites, per run
+ASSUMED_RPS = 25.0      # for the time 10 x concurrency requests take (one H200, 768 px images)
+
+
+def planned_s(cell_s: float, concs: list[int], per_conc: int) -> float:
+    return sum(per_conc * (max(cell_s, 10 * c / ASSUMED_RPS) + PER_CELL_EXTRA_S) for c in concs)
+
+
+def fit_cell_s(budget_s: float, concs: list[int], per_conc: int) -> float:
+    """The longest cell (<= 30 s) that keeps the whole run within the budget."""
+    cell = 30.0
+    while cell > 5.0 and planned_s(cell, concs, per_conc) + SETUP_S > budget_s:
+        cell -= 0.5
+    return cell
 
 
 def main() -> None:
@@ -46,9 +61,9 @@ def main() -> None:
     concs = [int(c) for c in a.concurrencies.split(",")]
     modes = a.modes.split(",")
     cells = len(workloads) * len(concs) * len(modes)
-    fit = (a.budget_s - SETUP_S * len(workloads) / 4) / cells - PER_CELL_EXTRA_S
-    cell_s = a.cell_s if a.cell_s is not None else max(5.0, min(30.0, fit))
-    planned = cells * (cell_s + PER_CELL_EXTRA_S) + SETUP_S
+    per_conc = len(workloads) * len(modes)
+    cell_s = a.cell_s if a.cell_s is not None else fit_cell_s(a.budget_s, concs, per_conc)
+    planned = planned_s(cell_s, concs, per_conc) + SETUP_S
     print(f"{cells} cells of {cell_s:.0f} s (+ {a.warm_s:.0f} s warm-up): about {planned / 60:.1f} minutes", flush=True)
     if cell_s < 30:
         print("note: cells are shorter than 30 s to fit the budget; for 30 s cells run the workloads in two "
