@@ -86,3 +86,57 @@ def test_address_in_use_fails_before_any_worker(servers, tmp_path):
     finally:
         s.close()
     assert r.returncode == 1 and f"cannot bind 127.0.0.1:{port}" in r.stderr, r.stderr
+
+
+def _worker_connections(port: int, pids: list[int]) -> list[int]:
+    est = {f[9] for f in (line.split() for line in open("/proc/net/tcp").read().splitlines()[1:])
+           if int(f[1].split(":")[1], 16) == port and f[3] == "01"}
+    out = []
+    for p in pids:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{p}/fd"):
+            try:
+                link = os.readlink(f"/proc/{p}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+        out.append(len(inodes & est))
+    return out
+
+
+def test_keep_alive_connections_even_out_over_the_workers(servers, tmp_path):
+    """The kernel's hash spreads connections unevenly by chance; a worker above its share
+    closes connections after a response (Connection: close) until every worker holds the
+    same number, and then nothing more is closed."""
+    import socket
+    pid_dir = tmp_path / "run"
+    gw = servers.gateway({"server": {"pid_dir": str(pid_dir)}}, backends=[servers.sim()], workers=4)
+    pids = [_read_pid(pid_dir / f"worker-{i}.pid") for i in range(4)]
+    socks = [socket.create_connection(("127.0.0.1", gw.port)) for _ in range(32)]
+
+    def one_round() -> int:
+        closed = 0
+        for i, s in enumerate(socks):
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            head = s.recv(65536).lower()
+            assert head.startswith(b"http/1.1 200")
+            if b"connection: close" in head:
+                closed += 1
+                s.close()
+                socks[i] = socket.create_connection(("127.0.0.1", gw.port))
+        return closed
+
+    try:
+        for _ in range(12):
+            if one_round() == 0:
+                break
+        time.sleep(0.2)
+        assert one_round() == 0  # balanced: nothing more to close
+        time.sleep(0.2)
+        assert _worker_connections(gw.port, pids) == [8, 8, 8, 8]
+        text = httpx.get(gw.url + "/metrics").text
+        assert 'vlm_gateway_client_connections_closed_total{reason="rebalance"}' in text
+    finally:
+        for s in socks:
+            s.close()

@@ -79,7 +79,8 @@ RATELIMIT_FALLBACKS = Counter("vlm_gateway_ratelimit_redis_failures_total",
                               "Redis failures that switched rate limits to in-process buckets")
 CONNECTIONS_CLOSED = Counter("vlm_gateway_client_connections_closed_total",
                              "Client connections closed by the gateway's guards, by reason (header_timeout, "
-                             "body_timeout, headers_too_large, send_timeout, bad_request, evicted, full)", ("reason",))
+                             "body_timeout, headers_too_large, send_timeout, bad_request, evicted, full, rebalance: after a "
+                             "response, to even out connections over the workers)", ("reason",))
 
 
 def _pid_alive(pid: int) -> bool:

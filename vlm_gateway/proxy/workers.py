@@ -11,7 +11,8 @@ Contract of the supervisor:
 - it binds the address first (SO_REUSEPORT, never listening, so no connection is routed
   to it): an address in use fails before any worker starts;
 - it starts ``n`` workers (spawned, not forked: no event loop or thread is inherited),
-  each its own uvicorn server on its own socket;
+  each its own uvicorn server on its own socket, sharing an array of open connections per
+  worker (``rebalance.py``: a worker above its share closes connections after a response);
 - a worker that dies is started again in its slot (after 0.5 s, doubling to 10 s while
   it keeps dying within 5 s of its start); its live metrics files are reaped by the next
   scrape (``metrics.reap_dead_workers``);
@@ -51,9 +52,11 @@ def listening_socket(host: str, port: int, listen: bool = True) -> socket.socket
     return sock
 
 
-def _worker_main(index: int, uvicorn_kwargs: dict) -> None:
+def _worker_main(index: int, uvicorn_kwargs: dict, counts) -> None:
     import uvicorn
 
+    from . import rebalance
+    rebalance.install(index, counts)
     sock = listening_socket(uvicorn_kwargs["host"], uvicorn_kwargs["port"])
     config = uvicorn.Config(**uvicorn_kwargs)
     uvicorn.Server(config).run(sockets=[sock])
@@ -69,6 +72,8 @@ class Supervisor:
         self.started = [0.0] * n
         self.backoff = [RESTART_MIN_S] * n
         self.stopping = threading.Event()
+        # open client connections per worker (rebalance.py): each worker writes its own slot
+        self.counts = self.ctx.RawArray("i", n)
 
     def _pid_file(self, name: str, pid: int | None) -> None:
         if self.pid_dir is None:
@@ -80,7 +85,9 @@ class Supervisor:
             p.write_text(f"{pid}\n")
 
     def _start(self, i: int) -> None:
-        p = self.ctx.Process(target=_worker_main, args=(i, self.kwargs), name=f"vlm-gateway-worker-{i}")
+        self.counts[i] = 0  # a dead worker's connections died with it
+        p = self.ctx.Process(target=_worker_main, args=(i, self.kwargs, self.counts),
+                             name=f"vlm-gateway-worker-{i}")
         p.start()
         self.procs[i], self.started[i] = p, time.monotonic()
         self._pid_file(f"worker-{i}.pid", p.pid)
