@@ -28,6 +28,29 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from worker_balance import start, stop, wait_ready  # noqa: E402
 
 
+def http_get_health(s) -> bytes:
+    """One GET /health on a raw keep-alive socket; the whole response read; its head returned."""
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before the response head")
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            length = int(v)
+    while len(body) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before the response body")
+        body += chunk
+    return head.lower()
+
+
 def per_worker(port: int, pids: list[int]) -> list[int]:
     est = {f[9] for f in (line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:])
            if int(f[1].split(":")[1], 16) == port and f[3] == "01"}
@@ -75,8 +98,7 @@ def main() -> None:
             for r in range(a.rounds):
                 closed = 0
                 for i, s in enumerate(socks):
-                    s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
-                    if b"connection: close" in s.recv(65536).lower():
+                    if b"connection: close" in http_get_health(s):
                         closed += 1
                         s.close()
                         socks[i] = socket.create_connection(("127.0.0.1", port))

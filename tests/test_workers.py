@@ -105,6 +105,29 @@ def _worker_connections(port: int, pids: list[int]) -> list[int]:
     return out
 
 
+def http_get_health(s) -> bytes:
+    """One GET /health on a raw keep-alive socket; the whole response read; its head returned."""
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before the response head")
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            length = int(v)
+    while len(body) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before the response body")
+        body += chunk
+    return head.lower()
+
+
 def test_keep_alive_connections_even_out_over_the_workers(servers, tmp_path):
     """The kernel's hash spreads connections unevenly by chance; a worker above its share
     closes connections after a response (Connection: close) until every worker holds the
@@ -118,9 +141,8 @@ def test_keep_alive_connections_even_out_over_the_workers(servers, tmp_path):
     def one_round() -> int:
         closed = 0
         for i, s in enumerate(socks):
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            head = s.recv(65536).lower()
-            assert head.startswith(b"http/1.1 200")
+            head = http_get_health(s)
+            assert head.startswith(b"http/1.1 200"), head
             if b"connection: close" in head:
                 closed += 1
                 s.close()
