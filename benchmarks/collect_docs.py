@@ -13,7 +13,8 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 # page, section title (in this order)
 PAGES = [("summary.md", None), ("overhead.md", "Gateway overhead (vs LiteLLM's proxy)"),
-         ("gpu.md", "Real engine (vLLM 0.24 on H200)"), ("images.md", "Image rewriting"), ("video.md", "Video rewriting"),
+         ("gpu.md", "Real engine (vLLM 0.24 on H200)"), ("images.md", "Image rewriting"),
+         ("speed.md", "Speed: worker balance and honest timing"), ("video.md", "Video rewriting"),
          ("grounding.md", "Grounding (coordinates in the client's frame)"),
          ("cache.md", "Response caches (L3)"), ("routing.md", "Routing policies (simulated H200 pool)"),
          ("slo.md", "SLO-aware image budgets (simulated H200 pool)"),

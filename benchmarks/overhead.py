@@ -161,6 +161,8 @@ def main() -> None:
     ap.add_argument("--conc", default="1,32,64")
     ap.add_argument("--no-litellm", action="store_true")
     ap.add_argument("--no-stream", action="store_true")
+    ap.add_argument("--before", metavar="PATH", help="also a gateway from the package copy at PATH (e.g. "
+                    "`git archive <commit> vlm_gateway | tar -x -C PATH`), side by side with this one")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "overhead.json"))
     a = ap.parse_args()
     wrk = ensure_wrk()
@@ -180,6 +182,15 @@ def main() -> None:
         wait_url(f"http://127.0.0.1:{gw_port}/ready")
         targets["vlm-gateway"] = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
         pids = {"vlm-gateway": gw.pid}
+        if a.before:
+            bport = free_port()
+            gb = start([sys.executable, "-m", "vlm_gateway", "serve", "--port", str(bport), "--backend",
+                        f"http://127.0.0.1:{up_port}/v1"], 1, logfile=f"{tmp}/gateway-before.log",
+                       env={"VLM_GATEWAY_CACHE__ENABLED": "false", "PYTHONPATH": a.before})
+            procs.append(gb)
+            wait_url(f"http://127.0.0.1:{bport}/ready")
+            targets["vlm-gateway-before"] = f"http://127.0.0.1:{bport}/v1/chat/completions"
+            pids["vlm-gateway-before"] = gb.pid
         if litellm_py:
             cfg = Path(tmp) / "litellm.yaml"
             cfg.write_text(f"model_list:\n  - model_name: bench-model\n    litellm_params:\n"

@@ -26,6 +26,7 @@ BAD: dict[str, typing.Any] = {
     "server.host": "http://0.0.0.0:8080",
     "server.port": 70000,
     "server.workers": 0,
+    "server.pid_dir": "/proc/version/run",
     "server.max_body_bytes": 0,
     "server.keepalive_interval_s": 0,
     "server.log_level": "verbose",

@@ -335,3 +335,54 @@ def test_docker_compose_config_is_valid():
     argv = shlex.split(launch.stdout.strip().splitlines()[-1])
     assert argv[:2] == ["vllm", "serve"] and gpu["vllm"]["entrypoint"] == ["vllm", "serve"]
     assert gpu["vllm"]["command"] == argv[2:]
+
+
+def _server_timing(value: str) -> dict[str, float]:
+    out = {}
+    for item in value.split(","):
+        name, _, dur = item.strip().partition(";dur=")
+        out[name] = float(dur)
+    return out
+
+
+def test_overhead_counts_from_the_first_byte_and_is_split_by_phase(servers):
+    """A body that arrives slowly is the gateway's time (receive), and so is the image
+    rewrite (media): the overhead header, Server-Timing, the histograms and the access
+    line all count from the request's first byte to its first byte upstream."""
+    sim = servers.sim()
+    gw = servers.gateway(backends=[sim], extra_args=["--log-format", "json"])
+    from vlm_gateway.stages.images import corpus as C
+    body = json.dumps({"model": SIM_MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "time me"},
+        {"type": "image_url", "image_url": {"url": data_uri(C.desktop_screenshot_png(1920, 1080))}}]}]}).encode()
+
+    def slow_body():
+        yield body[: len(body) // 2]
+        time.sleep(0.4)  # the client pauses mid-body: time the gateway spends receiving
+        yield body[len(body) // 2:]
+
+    r = httpx.post(gw.base_url + "/chat/completions", content=slow_body(), timeout=30,
+                   headers={"content-type": "application/json", "x-request-id": "timing-1"})
+    assert r.status_code == 200, r.text
+    st = _server_timing(r.headers["server-timing"])
+    assert set(st) == {"receive", "parse", "queue", "media", "route", "other", "gateway"}
+    assert st["receive"] >= 400.0
+    assert st["media"] > 0.5  # the 1920x1080 PNG was decoded and resized in the pool
+    overhead = float(r.headers["x-vlm-gateway-overhead-ms"])
+    assert overhead >= st["gateway"] >= 400.0 + st["media"]
+    parts = sum(v for k, v in st.items() if k != "gateway")
+    assert abs(parts - st["gateway"]) < 0.05 + 0.01 * len(st)  # the phases add up (one image: no parallel jobs)
+
+    text = _scrape(gw.url)
+    assert _sample(text, "vlm_gateway_overhead_phase_seconds_count", route="chat", phase="receive") == 1
+    assert _sample(text, "vlm_gateway_overhead_phase_seconds_sum", route="chat", phase="receive") >= 0.4
+    assert _sample(text, "vlm_gateway_overhead_seconds_sum", route="chat") >= 0.4
+    deadline = time.time() + 5
+    line = None
+    while time.time() < deadline and line is None:
+        line = next((x for x in access_lines(gw.output()) if x.get("request_id") == "timing-1"), None)
+        time.sleep(0.05)
+    assert line is not None
+    assert line["receive_ms"] == pytest.approx(st["receive"], abs=0.01)
+    assert line["media_ms"] == pytest.approx(st["media"], abs=0.01)
+    assert line["gateway_ms"] == pytest.approx(st["gateway"], abs=0.01)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import logging
 import os
@@ -96,11 +97,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if cfg.discovery:
         log.info("backend discovery: %s", ", ".join(f"{d.kind} {d.dns_name or d.service}" for d in cfg.discovery))
     # uvicorn's httptools protocol plus header/body deadlines and the connection cap
-    uvicorn.run("vlm_gateway.proxy.app:create_app", factory=True, host=cfg.server.host, port=cfg.server.port,
-                workers=cfg.server.workers, log_level="warning", access_log=False, loop="uvloop",
-                http="vlm_gateway.proxy.connection_guard:GuardedHttpToolsProtocol", ws="none",
-                timeout_graceful_shutdown=5,
-                timeout_keep_alive=cfg.server.keep_alive_timeout_s)
+    kwargs = dict(app="vlm_gateway.proxy.app:create_app", factory=True, host=cfg.server.host, port=cfg.server.port,
+                  log_level="warning", access_log=False, loop="uvloop",
+                  http="vlm_gateway.proxy.connection_guard:GuardedHttpToolsProtocol", ws="none",
+                  timeout_graceful_shutdown=5, timeout_keep_alive=cfg.server.keep_alive_timeout_s)
+    if cfg.server.workers > 1:
+        from .proxy.workers import Supervisor
+        return Supervisor(cfg.server.workers, kwargs, cfg.server.pid_dir).run()
+    pid_file = os.path.join(cfg.server.pid_dir, "gateway.pid") if cfg.server.pid_dir else ""
+    if pid_file:
+        os.makedirs(cfg.server.pid_dir, exist_ok=True)
+        with open(pid_file, "w") as f:
+            f.write(f"{os.getpid()}\n")
+    try:
+        uvicorn.run(**kwargs)
+    finally:
+        if pid_file:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(pid_file)
     return 0
 
 

@@ -40,6 +40,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     workers: int = 1
+    # Directory for pid files: gateway.pid (the process to signal) and, with several workers,
+    # worker-<i>.pid for each; removed on exit. Empty = none.
+    pid_dir: str = ""
     # Bodies above this are refused with 413 before they are parsed.
     max_body_bytes: int = 32 * 1024 * 1024
     # SSE comment keepalives while waiting for the first upstream byte.

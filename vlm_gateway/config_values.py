@@ -251,6 +251,16 @@ def existing_file(what: str) -> Rule:
     return check
 
 
+def pid_directory(v: str, cfg) -> str | None:
+    """Empty, or a directory that exists or can be made in an existing one."""
+    if not v:
+        return None
+    p = os.path.abspath(v)
+    if os.path.isdir(p) or (not os.path.exists(p) and os.path.isdir(os.path.dirname(p))):
+        return None
+    return f"must be a directory (or one to create in an existing directory), got {v!r}"
+
+
 def gpu_profiles(v: dict, cfg) -> str | None:
     from .backends.profiles import load_profiles
     load_profiles(v)  # raises ConfigError naming profiles.<name>.<key>
@@ -290,6 +300,7 @@ RULES: dict[str, Rule] = {
     "server.host": host,
     "server.port": within(1, 65535),
     "server.workers": within(1, 1024),
+    "server.pid_dir": pid_directory,
     "server.max_body_bytes": at_least(1),
     "server.keepalive_interval_s": above(0),
     "server.allowed_hosts": each(allowed_host),

@@ -30,7 +30,7 @@ _FIELD = re.compile(r"^\s+(\w+)\s*:\s*[^=]+(=|$)")
 NOTES: dict[str, str] = {
     "server.host": "Address to bind; anything but loopback without API keys logs a warning.",
     "server.port": "TCP port.",
-    "server.workers": "Worker processes (uvicorn); metrics switch to multi-process mode above 1.",
+    "server.workers": "Worker processes, each with a listening socket of its own (SO_REUSEPORT: the kernel spreads connections evenly) under a supervisor that starts a dead one again; metrics switch to multi-process mode above 1.",
     "server.log_level": "Level of the gateway's log (request lines are info).",
     "server.log_format": "`json` writes one JSON object per line (for log shippers).",
     "upstream.connect_timeout_s": "TCP connect timeout to a backend; a timeout is retried on another backend.",

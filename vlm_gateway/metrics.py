@@ -29,6 +29,10 @@ REQUESTS = Counter("vlm_gateway_requests_total", "Requests by route, model and s
                    ("route", "model", "status"))
 OVERHEAD = Histogram("vlm_gateway_overhead_seconds", "Time spent in the gateway, upstream excluded",
                      ("route",), buckets=_FAST)
+OVERHEAD_PHASE = Histogram("vlm_gateway_overhead_phase_seconds",
+                           "Gateway time from a request's first byte to its first byte upstream, by phase: "
+                           "receive, parse, queue, media, route, other, and gateway (the whole)",
+                           ("route", "phase"), buckets=_FAST + (2.5, 10.0))
 UPSTREAM_TTFT = Histogram("vlm_gateway_upstream_ttft_seconds", "Upstream time to first token",
                           ("backend",), buckets=_SLOW)
 UPSTREAM_E2E = Histogram("vlm_gateway_upstream_e2e_seconds", "Upstream end-to-end time",
@@ -90,7 +94,8 @@ RATELIMIT_FALLBACKS = Counter("vlm_gateway_ratelimit_redis_failures_total",
                               "Redis failures that switched rate limits to in-process buckets")
 CONNECTIONS_CLOSED = Counter("vlm_gateway_client_connections_closed_total",
                              "Client connections closed by the gateway's guards, by reason (header_timeout, "
-                             "body_timeout, headers_too_large, send_timeout, bad_request, evicted, full)", ("reason",))
+                             "body_timeout, headers_too_large, send_timeout, bad_request, evicted, full, rebalance: after a "
+                             "response, to even out connections over the workers)", ("reason",))
 
 
 def _pid_alive(pid: int) -> bool:

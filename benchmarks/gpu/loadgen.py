@@ -3,12 +3,18 @@ token accounting, and affinity across engines. Writes JSON results and prints ta
 
   python3 benchmarks/gpu/loadgen.py images   --out results.json   # (a) direct raw, (b) direct
                                                                     # pre-rewritten, (c) raw via gateway
+                                                                    # (benchmarks/gpu/image_matrix.py: b, c)
   python3 benchmarks/gpu/loadgen.py tokens   --out tokens.json    # x-vlm-gateway-visual-tokens vs usage
   python3 benchmarks/gpu/loadgen.py affinity --policy affinity --out aff.json
   python3 benchmarks/gpu/loadgen.py video    --out video.json     # video tokens + TTFT, raw vs rewritten
 
-Every request streams, asks for 64 output tokens with ignore_eos, and carries a distinct
-synthetic image (screenshots for 1920x1080, photos for 4032x3024) unless stated.
+Every request streams, asks for 64 output tokens with ignore_eos at temperature 0, and
+carries a distinct synthetic image (screenshots for 1920x1080, photos for 4032x3024, PNG
+desktop screenshots at 1920x1080 and 2880x1800) unless stated. Image cells run for a time
+(``--cell-s``, and at least 10 x the concurrency requests) after a warm-up that is not
+counted, over variants of one base image per workload (benchmarks/gpu/variants.py: no
+cache can serve one from another), with CPU per process sampled over each cell
+(benchmarks/gpu/procs.py, from the gateway's and the engine's pid files).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import aiohttp
 from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vlm_gateway.vision_tokens import target_size, visual_tokens  # noqa: E402
 
 DIRECT = os.environ.get("LOADGEN_DIRECT", "http://127.0.0.1:8000/v1")
@@ -79,11 +86,13 @@ def make_pair(args: tuple[str, int]) -> tuple[bytes, bytes]:
 
 
 def uri(data: bytes) -> str:
-    return "data:image/jpeg;base64," + base64.b64encode(data).decode()
+    mime = "image/png" if data[:4] == b"\x89PNG" else "image/jpeg"
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
 
 
 def chat(image: bytes, text: str = "Describe this image.", max_tokens: int = 64) -> dict:
-    return {"model": MODEL, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+    # temperature 0: the gateway's default cache mode sees (and must pass) this traffic
+    return {"model": MODEL, "max_tokens": max_tokens, "ignore_eos": True, "stream": True, "temperature": 0,
             "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": [{"type": "text", "text": text},
                                                       {"type": "image_url", "image_url": {"url": uri(image)}}]}]}
@@ -115,7 +124,8 @@ async def stream_one(session: aiohttp.ClientSession, base: str, body: dict) -> d
             "text": "".join(text), "visual": headers.get("x-vlm-gateway-visual-tokens"),
             "video": headers.get("x-vlm-gateway-video-tokens"),
             "budget": headers.get("x-vlm-gateway-image-budget"), "video_1": headers.get("x-vlm-gateway-video-1"),
-            "backend": headers.get("x-vlm-gateway-backend"), "cache": headers.get("x-vlm-gateway-cache")}
+            "backend": headers.get("x-vlm-gateway-backend"), "cache": headers.get("x-vlm-gateway-cache"),
+            "overhead": headers.get("x-vlm-gateway-overhead-ms"), "server_timing": headers.get("server-timing")}
 
 
 async def run_cell(base: str, bodies: list[dict], conc: int) -> dict:
@@ -144,36 +154,134 @@ async def run_cell(base: str, bodies: list[dict], conc: int) -> dict:
 
 # -- workloads -------------------------------------------------------------------------------------
 
-def cmd_images(a) -> dict:
-    plan = [("1080p", 1, 12), ("1080p", 16, 48), ("1080p", 64, 96),
-            ("12mp", 1, 6), ("12mp", 16, 32), ("12mp", 64, 64)]
-    if a.quick:
-        plan = [(k, c, max(c, n // 4)) for k, c, n in plan]
-    # every cell gets images of its own (no image is ever sent twice, so no engine or
-    # gateway cache can serve one), plus two warm-up images per cell
-    offsets, need = [], {}
-    for k, c, n in plan:
-        offsets.append(need.get(k, 0))
-        need[k] = need.get(k, 0) + n + 2 * 3
-    t0 = time.time()
-    with ProcessPoolExecutor(os.cpu_count()) as ex:
-        images = {k: list(ex.map(make_pair, [(k, 100_000 * (k == "12mp") + i) for i in range(n)]))
-                  for k, n in need.items()}
-    print(f"generated images in {time.time() - t0:.1f}s", flush=True)
-    out = {"cells": [], "distinct_images": True}
-    modes = {"a_direct_raw": (DIRECT, 0), "b_direct_prerewritten": (DIRECT, 1), "c_gateway_raw": (GATEWAY, 0)}
-    for (kind, conc, n), off in zip(plan, offsets):
-        imgs = images[kind][off:off + n + 6]
-        for m, (mode, (base, idx)) in enumerate(modes.items()):
-            warm = imgs[n + 2 * m:n + 2 * m + 2]
-            asyncio.run(run_cell(base, [chat(w[idx]) for w in warm], 2))
-            res = asyncio.run(run_cell(base, [chat(imgs[i][idx]) for i in range(n)], conc))
-            res.update(kind=kind, conc=conc, mode=mode)
-            out["cells"].append(res)
-            print(f"{kind:5s} conc {conc:3d} {mode:22s} TTFT p50 {res['ttft_p50_ms']:8.1f} ms  p99 "
-                  f"{res['ttft_p99_ms']:8.1f}  {res['rps']:6.2f} req/s  ok {res['ok']}/{res['n']}  "
-                  f"prompt_tokens {res['prompt_tokens']} {res['errors'] or ''}", flush=True)
+# -- timed cells over distinct images ---------------------------------------------------------
+
+# workload -> (what, base image maker); every request gets a variant never sent before
+WORKLOADS = {
+    "jpeg1080": "1920x1080 screenshot, JPEG q90",
+    "jpeg12mp": "4032x3024 photo, JPEG q90",
+    "png1080": "1920x1080 desktop screenshot, PNG",
+    "png1800": "2880x1800 desktop screenshot, PNG",
+}
+
+
+def base_image(kind: str, seed: int = 0) -> bytes:
+    from vlm_gateway.stages.images import corpus
+    if kind == "jpeg1080":
+        return jpeg(screenshot(seed))
+    if kind == "jpeg12mp":
+        return jpeg(photo(seed))
+    if kind == "png1080":
+        return corpus.desktop_screenshot_png(1920, 1080, seed=5 + seed)
+    if kind == "png1800":
+        return corpus.desktop_screenshot_png(2880, 1800, seed=5 + seed)
+    raise KeyError(kind)
+
+
+class Images:
+    """Raw (c, a) and client-side rewritten (b) variants of one workload's base image.
+    (b) is the gateway's own rewrite of the base (same size, encoder and quality), varied."""
+
+    def __init__(self, kind: str) -> None:
+        from variants import variants
+        from vlm_gateway.stages.images.rewrite import rewrite_bytes
+        self.raw = base_image(kind)
+        r = rewrite_bytes(self.raw)
+        self.rewritten = r.data
+        self.rewrite_cpu_ms = r.seconds * 1000
+        self.size_out = f"{r.width}x{r.height}"
+        self._raw = variants(self.raw)
+        self._rew = variants(self.rewritten)
+        self.n = 0
+
+    def next(self, which: str) -> bytes:
+        self.n += 1
+        return (self._rew if which == "rewritten" else self._raw)(self.n)
+
+
+async def timed_cell(base: str, make_body, conc: int, cell_s: float, warm_s: float) -> dict:
+    """Closed loop of ``conc`` clients for warm_s + max(cell_s, time for 10 x conc requests).
+    Only requests started after the warm-up count; throughput is completions inside the
+    measured window over its length."""
+    conn = aiohttp.TCPConnector(limit=conc + 8)
+    results = []
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=900)) as s:
+        t0 = time.perf_counter()
+        t_w = t0 + warm_s
+        state = {"stop": None}
+
+        async def worker():
+            while True:
+                now = time.perf_counter()
+                counted = [r for r in results if r["start"] >= t_w]
+                if now >= t_w + cell_s and len(counted) >= 10 * conc:
+                    state["stop"] = state["stop"] or now
+                    return
+                start = time.perf_counter()
+                r = await stream_one(s, base, make_body())
+                r["start"], r["end"] = start, time.perf_counter()
+                results.append(r)
+
+        await asyncio.gather(*(worker() for _ in range(conc)))
+    t_end = state["stop"] or time.perf_counter()
+    window = max(1e-9, t_end - t_w)
+    meas = [r for r in results if r["start"] >= t_w]
+    ok = [r for r in meas if r["ok"]]
+    done_in = sum(1 for r in ok if r["end"] <= t_end)
+    ttfts = sorted(r["ttft"] * 1000 for r in ok)
+    overhead = sorted(float(r["overhead"]) for r in ok if r.get("overhead"))
+    return {"n": len(meas), "ok": len(ok), "warmup_requests": len(results) - len(meas), "window_s": window,
+            "rps": done_in / window,
+            "ttft_p50_ms": statistics.median(ttfts) if ttfts else None,
+            "ttft_p99_ms": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else None,
+            "ttft_mean_ms": statistics.fmean(ttfts) if ttfts else None,
+            "gateway_overhead_p50_ms": statistics.median(overhead) if overhead else None,
+            "gateway_overhead_p99_ms": overhead[min(len(overhead) - 1, int(0.99 * len(overhead)))] if overhead else None,
+            "errors": [r.get("error") or r.get("status") for r in meas if not r["ok"]][:3],
+            "prompt_tokens": ok[0]["usage"]["prompt_tokens"] if ok and ok[0]["usage"] else None}
+
+
+MODES = {"a_direct_raw": ("direct", "raw"), "b_direct_prerewritten": ("direct", "rewritten"),
+         "c_gateway_raw": ("gateway", "raw")}
+
+
+def run_matrix(workloads: list[str], concs: list[int], modes: list[str], cell_s: float, warm_s: float,
+               pid_files: dict[str, str], log=print, on_cell=None) -> dict:
+    from procs import Sampler
+    sampler = Sampler(pid_files)
+    out = {"cell_s": cell_s, "warm_s": warm_s, "workloads": {}, "cells": [], "distinct_images": True}
+    t_start = time.time()
+    for kind in workloads:
+        imgs = Images(kind)
+        out["workloads"][kind] = {"what": WORKLOADS[kind], "raw_bytes": len(imgs.raw), "size_out": imgs.size_out,
+                                  "rewritten_bytes": len(imgs.rewritten),
+                                  "loadgen_rewrite_ms": round(imgs.rewrite_cpu_ms, 1)}
+        for conc in concs:
+            for mode in modes:
+                where, which = MODES[mode]
+                base = GATEWAY if where == "gateway" else DIRECT
+                a = sampler.snapshot()
+                res = asyncio.run(timed_cell(base, lambda: chat(imgs.next(which)), conc, cell_s, warm_s))
+                res["cpu"] = Sampler.delta(a, sampler.snapshot())
+                res.update(kind=kind, conc=conc, mode=mode)
+                out["cells"].append(res)
+                w = res["cpu"].get("gateway_workers") or {}
+                log(f"{kind:8s} conc {conc:3d} {mode:22s} TTFT p50 {res['ttft_p50_ms'] or 0:8.1f} ms p99 "
+                    f"{res['ttft_p99_ms'] or 0:8.1f}  {res['rps']:6.2f} req/s  ok {res['ok']}/{res['n']}  "
+                    f"prompt {res['prompt_tokens']}  CPU gw {res['cpu']['group_cpu_pct'].get('gateway', 0):.0f}% "
+                    f"eng {res['cpu']['group_cpu_pct'].get('engine', 0):.0f}% machine {res['cpu']['machine_busy_pct']}% "
+                    f"workers max/min {w.get('busiest_pct')}/{w.get('quietest_pct')}  {res['errors'] or ''}",
+                    flush=True)
+                if on_cell is not None:
+                    on_cell(out)
+    out["total_s"] = round(time.time() - t_start, 1)
     return out
+
+
+def cmd_images(a) -> dict:
+    concs = [int(c) for c in a.concurrencies.split(",")]
+    return run_matrix(a.workloads.split(","), concs, list(MODES), a.cell_s, a.warm_s,
+                      {"gateway": a.gateway_pid_file, "engine": a.engine_pid_file})
 
 
 def cmd_tokens(a) -> dict:
@@ -463,6 +571,13 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=96)
     ap.add_argument("--concurrency", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="images: " + ", ".join(WORKLOADS))
+    ap.add_argument("--concurrencies", default="1,16,64")
+    ap.add_argument("--cell-s", type=float, default=30.0, help="images: measured seconds per cell (at least "
+                    "10 x concurrency requests are always measured)")
+    ap.add_argument("--warm-s", type=float, default=3.0, help="images: warm-up seconds per cell, not counted")
+    ap.add_argument("--gateway-pid-file", default="/root/gateway.pid")
+    ap.add_argument("--engine-pid-file", default="/root/vllm-8000.pid")
     a = ap.parse_args()
     res = {"images": cmd_images, "tokens": cmd_tokens, "affinity": cmd_affinity, "video": cmd_video}[a.cmd](a)
     Path(a.out).write_text(json.dumps(res, indent=1))

@@ -3,6 +3,7 @@
 # one per GPU (or all on GPU 0 with GPU_UTIL=0.4 when SAME_GPU=1), with random weights of
 # the Qwen3-VL-2B architecture. Waits until every engine answers /health.
 # Usage: start_engines.sh STAGE N [extra vllm args...]   (STAGE holds bundle.part.NN pieces)
+# Each engine's pid (= its process group) goes to /root/vllm-PORT.pid.
 set -u
 S=$1; N=$2; shift 2
 SITE=${SITE:-/root/vllm-site}
@@ -22,6 +23,7 @@ for i in $(seq 0 $((N - 1))); do
     --enable-prefix-caching --enable-prompt-tokens-details --skip-mm-profiling \
     --host 127.0.0.1 --port "$port" "$@" > /root/vllm-$port.log 2>&1 &
   pids+=($!)
+  echo $! > /root/vllm-$port.pid   # the engine's process group (setsid): for CPU sampling and stopping
 done
 for _ in $(seq 1 290); do
   up=0

@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable, Protocol
 import orjson
 
 from .errors import BadRequest
+from .timing import Timing
 
 # Content-part types and where each keeps what the engine reads. Text parts carry
 # text only; every other accepted type carries media and becomes a ``MediaPart``
@@ -165,6 +166,8 @@ class ChatRequest:
         return len(self.images) + sum(1 for p in self.media if p.kind in ("video", "embeds"))
     # The coordinate plan of a request with images (stages.grounding.plan.GroundingPlan).
     grounding: Any = None
+    # Where the gateway's time went, from the request's first byte (core/timing.py).
+    timing: Timing | None = None
     # Set by a stage to rewrite the answer text; None keeps the plain byte relay.
     response_transform: ResponseTransform | None = None
 

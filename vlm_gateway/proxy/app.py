@@ -96,7 +96,7 @@ async def method_not_allowed(request: Request, exc: Exception) -> Response:
 
 
 # Exposed to browser pages allowed by server.allowed_origins.
-EXPOSED_HEADERS = ["x-request-id", "x-vlm-gateway-overhead-ms", "x-vlm-gateway-backend", "x-vlm-gateway-cache",
+EXPOSED_HEADERS = ["x-request-id", "x-vlm-gateway-overhead-ms", "server-timing", "x-vlm-gateway-backend", "x-vlm-gateway-cache",
                    "x-vlm-gateway-cache-similarity", "x-vlm-gateway-visual-tokens", "x-vlm-gateway-image-policy",
                    "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
                    "x-ratelimit-limit-images", "x-ratelimit-remaining-images", "x-ratelimit-reset-images",

@@ -44,6 +44,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .. import metrics
+from . import rebalance
 
 log = logging.getLogger("vlm_gateway.connections")
 
@@ -134,6 +135,10 @@ async def _probes_only(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+# scope key: perf_counter() at the request's first byte
+FIRST_BYTE = "vlm_gateway.first_byte"
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -146,6 +151,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._body_start = self._body_last = 0.0
         self._body_bytes = 0
+        self._first_byte = 0.0
+        self._shared = False  # counted in rebalance.SHARE
+        self._rebalanced = False  # asked to close after its response, to even out the workers
         self._send_stalled = 0.0  # when the client stopped taking response bytes (0: it takes them)
 
     # -- bookkeeping -------------------------------------------------------------------
@@ -211,6 +219,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 return
             self._probes_only = True
         g.open.add(self)
+        if rebalance.SHARE is not None:
+            rebalance.SHARE.opened()
+            self._shared = True
         self._idle(True)
         self._head_deadline = time.monotonic() + g.settings.header_timeout_s
         self._arm(self._head_deadline)
@@ -240,6 +251,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._idle(False)
 
     def connection_lost(self, exc) -> None:
+        if self._shared:
+            self._shared = False
+            rebalance.SHARE.closed(self._rebalanced)
         self._forget()
         super().connection_lost(exc)
 
@@ -258,6 +272,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- parser callbacks --------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._first_byte = time.perf_counter()  # the request's timing starts here (core/timing.py)
         if self.guard is None:
             return
         if self._reading != "head":  # a keep-alive request: its own deadline from its first byte
@@ -268,6 +283,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self.guard is None:
             super().on_headers_complete()
+            self.scope[FIRST_BYTE] = self._first_byte
             return
         self._reading, self._serving = "body", True
         self._head_bytes = 0
@@ -282,6 +298,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             super().on_headers_complete()
         finally:
             self.app = app
+        self.scope[FIRST_BYTE] = self._first_byte  # the app task has not run yet
+        if self._shared and not self._rebalanced and self.cycle is not None and rebalance.SHARE.should_close():
+            # more than this worker's share of the connections: this one closes after its response
+            self._rebalanced = True
+            self.cycle.keep_alive = False
+            metrics.CONNECTIONS_CLOSED.labels("rebalance").inc()
         self._arm(now + self.guard.settings.body_timeout_s)
 
     def on_body(self, body: bytes) -> None:

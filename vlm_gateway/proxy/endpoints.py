@@ -15,7 +15,10 @@ import orjson
 from .. import metrics
 from ..stages import Reply, run_stages
 from .body import read_json_body
+from ..core import timing
 from ..core.errors import GatewayError
+from ..core.timing import Timing
+from .connection_guard import FIRST_BYTE
 from . import recent
 from .relay import Responder
 from .sse import fresh_ids, replay
@@ -65,6 +68,8 @@ def error_headers(err: GatewayError, request_id: str | None,
     if req is not None:
         overhead = (time.perf_counter() - req.t_start - req.upstream_s) * 1000.0
         h.append((b"x-vlm-gateway-overhead-ms", b"%.3f" % overhead))
+        if req.timing is not None:
+            h.append((b"server-timing", req.timing.server_timing()))
     merged = {k.lower(): v for k, v in (req.response_headers.items() if req is not None else ())}
     merged.update({k.lower(): v for k, v in err.headers.items()})
     h += [(k.encode(), v.encode()) for k, v in merged.items()]
@@ -89,10 +94,15 @@ class CompletionEndpoint:
         req = None
         model = "unknown"
         status = 200
+        tm = Timing(scope.get(FIRST_BYTE) or time.perf_counter())
+        timing.CURRENT.set(tm)  # this task's context: the pools count its jobs
         try:
             raw = await read_json_body(scope, receive, gw.cfg.server.max_body_bytes)
+            tm.body_done = time.perf_counter()
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             req = self.parse(raw, headers, rid)
+            tm.parsed = time.perf_counter()
+            req.t_start, req.timing = tm.first_byte, tm
             req.state["scope_state"] = state
             state["req"] = req
             model = req.model if req.model in gw.pool.known_models else "other"
@@ -136,6 +146,8 @@ class CompletionEndpoint:
             if req is not None:
                 metrics.OVERHEAD.labels(self.route).observe(
                     max(0.0, time.perf_counter() - req.t_start - req.upstream_s))
+                for phase, seconds in tm.phases().items():
+                    metrics.OVERHEAD_PHASE.labels(self.route, phase).observe(seconds)
             recent.record(self.route, req, status)
 
     async def _reply(self, gw: "Gateway", req: "ChatRequest", reply: Reply, out: Responder) -> None:

@@ -66,6 +66,8 @@ class Gateway:
              (b"x-vlm-gateway-overhead-ms", b"%.3f" % overhead),
              (b"x-vlm-gateway-backend", b.name.encode() if b is not None else b"none"),
              (b"x-request-id", req.request_id.encode())]
+        if req.timing is not None:
+            h.append((b"server-timing", req.timing.server_timing()))
         if content_type == b"text/event-stream":
             h += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
         for k, v in req.response_headers.items():

@@ -76,7 +76,7 @@ def _completion_path(summary: str, schema_ref: str) -> dict[str, Any]:
                     "content": {"application/json": {"schema": {"type": "object"}},
                                 "text/event-stream": {"schema": {"type": "string"}}},
                     "headers": {h: {"schema": {"type": "string"}} for h in (
-                        "x-request-id", "x-vlm-gateway-overhead-ms", "x-vlm-gateway-backend",
+                        "x-request-id", "x-vlm-gateway-overhead-ms", "server-timing", "x-vlm-gateway-backend",
                         "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
                         "x-ratelimit-reset-requests", "x-vlm-gateway-grounding",
                         "x-vlm-gateway-image-transform-1", "x-vlm-gateway-video-tokens",

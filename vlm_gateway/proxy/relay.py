@@ -130,7 +130,10 @@ class Relay:
         last: GatewayError | None = None
         path = PATHS[req.route]
         headers = {"content-type": "application/json", "x-request-id": req.request_id}
+        tm = req.timing
         for attempt in range(self.gw.cfg.routing.max_retries + 1):
+            t_route = time.perf_counter()
+            pooled = tm.queue_s + tm.media_s if tm is not None else 0.0
             try:
                 b = await self.pool.acquire(req, exclude)
             except Unavailable:
@@ -144,6 +147,9 @@ class Relay:
                     await hook(req, b)
                 data = req.encode()
                 t0 = time.perf_counter()
+                if tm is not None:  # pool time of the hooks (rewrites for this backend) is not routing
+                    tm.route_s += max(0.0, t0 - t_route - (tm.queue_s + tm.media_s - pooled))
+                    tm.sent = tm.sent or t0
                 resp = await b.session.post(b.base_url + path, data=data, headers=headers, timeout=self.timeout,
                                             allow_redirects=False)
             except aiohttp.ConnectionTimeoutError:

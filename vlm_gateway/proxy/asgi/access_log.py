@@ -56,6 +56,9 @@ def request_fields(req, status: int) -> dict[str, Any]:
     now = time.perf_counter()
     out["upstream_ms"] = round(req.upstream_s * 1000.0, 2)
     out["overhead_ms"] = round(max(0.0, now - req.t_start - req.upstream_s) * 1000.0, 3)
+    if req.timing is not None:  # the split of the time before the request went upstream
+        for phase, seconds in req.timing.phases(now).items():
+            out[f"{phase}_ms"] = round(seconds * 1000.0, 3)
     return out
 
 

@@ -500,3 +500,45 @@ def hostile() -> dict[str, tuple[bytes, set[str]]]:
         for keep in (0.5, 0.9):
             cases[f"{name}_truncated_{int(keep * 100)}"] = (truncated(data, keep), corrupt)
     return cases
+
+
+def desktop_screenshot(w: int = 1920, h: int = 1080, seed: int = 5) -> Image.Image:
+    """A full-screen screenshot as people send them: menu bar, sidebar, anti-aliased text
+    (DejaVu Sans 13-15 px at 1x, scaled with the width), a photo panel and a gradient
+    banner; no uniform border. PNG compresses it like a real one (inflate is the cost)."""
+    from PIL import ImageFont
+    rng = np.random.default_rng(seed)
+    k = w / 1920
+    im = Image.new("RGB", (w, h), (250, 250, 252))
+    d = ImageDraw.Draw(im)
+    d.rectangle([0, 0, w, int(28 * k)], fill=(236, 236, 240))
+    side = int(260 * k)
+    d.rectangle([0, int(28 * k), side, h], fill=(228, 231, 236))
+    ramp = np.linspace(0, 1, w - side, dtype=np.float32)[None, :, None]
+    banner = (np.array([40, 90, 170], np.float32) * (1 - ramp) + np.array([120, 60, 160], np.float32) * ramp)
+    im.paste(Image.fromarray(np.repeat(banner, int(90 * k), 0).astype(np.uint8)), (side, int(28 * k)))
+    pw, ph = int(560 * k), int(360 * k)
+    im.paste(Image.fromarray(photo_array(pw, ph, seed)), (w - pw - int(40 * k), int(150 * k)))
+    try:
+        fonts = [ImageFont.truetype("DejaVuSans.ttf", int(s * k)) for s in (13, 14, 15)]
+    except OSError:  # pragma: no cover - the font is a test dependency
+        fonts = [ImageFont.load_default()]
+    words = ["invoice", "total", "region", "revenue", "owner", "status", "pending", "shipped", "Q3", "note",
+             "account", "balance", "due", "2026-11-30", "EUR", "1,204.50", "settings", "profile"]
+    y = int(50 * k)
+    while y < h - int(20 * k):
+        d.text((int(16 * k), y), " ".join(rng.choice(words, 2)), font=fonts[0], fill=(40, 40, 50))
+        y += int(26 * k)
+    y = int(140 * k)
+    while y < h - int(24 * k):
+        f = fonts[int(rng.integers(0, len(fonts)))]
+        x = side + int(30 * k)
+        limit = w - pw - int(70 * k) if y < int(530 * k) else w - int(40 * k)
+        line = " ".join(rng.choice(words, int(rng.integers(4, 14))))
+        d.text((x, y), line[: max(8, (limit - x) // max(1, int(8 * k)))], font=f, fill=(25, 25, 35))
+        y += int(22 * k)
+    return im
+
+
+def desktop_screenshot_png(w: int = 1920, h: int = 1080, seed: int = 5) -> bytes:
+    return save(desktop_screenshot(w, h, seed), "PNG")

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageOps, PngImagePlugin, features
 
-from . import colour, structure
+from . import colour, structure, vips
 from .errors import ImageError
 
 try:  # HEIC/HEIF: optional extra (pip install 'vlm-gateway[heif]')
@@ -251,6 +251,7 @@ class Opened:
     nclx: tuple[int, int, int, int] | None = None
     exif: bool = True
     max_pixels: int = 64_000_000
+    data: bytes = b""  # the file itself (a decoder other than Pillow's may read it)
 
     @property
     def size(self) -> tuple[int, int]:
@@ -271,7 +272,7 @@ def open_checked(data: bytes, fmt: str, max_pixels: int) -> Opened:
     if isinstance(p, dict):  # pillow-heif: the primary image's own description
         nclx = (int(p.get("color_primaries", 2)), int(p.get("transfer_characteristics", 2)),
                 int(p.get("matrix_coefficients", 2)), int(p.get("full_range_flag", 1)))
-    return Opened(im, fmt, max(1, frames), nclx, layout.exif, max_pixels)
+    return Opened(im, fmt, max(1, frames), nclx, layout.exif, max_pixels, data)
 
 
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
@@ -392,7 +393,7 @@ def to_srgb(im: Image.Image, icc: bytes | None, nclx) -> tuple[Image.Image, list
 
 @dataclass(slots=True)
 class Decoded:
-    image: Image.Image  # RGB, upright, sRGB
+    image: Image.Image  # RGB, upright, sRGB (RGBX or L from the libvips PNG path: vips.rgb())
     scale: float = 1.0  # source px per decoded px (JPEG DCT scaling)
     conversions: list[str] = field(default_factory=list)
     frames: int = 1
@@ -424,6 +425,9 @@ def decode_opened(op: Opened, draft_size: tuple[int, int] | None = None,
         stored_w = im.width
         if draft_size is not None and op.format == "jpeg":
             im.draft(None, draft_size)
+        if op.format == "png" and not why and orient == 1 and op.data and vips.plain_png(im):
+            # libspng: faster, and scales over threads; plain sRGB pixels, nothing to convert
+            return Decoded(vips.decode_png(op.data, im.size), 1.0, [], op.frames)
         im.load()
         check_size(op.format, *im.size, op.max_pixels)  # some decoders (HEIF) settle the size only now
         scale = stored_w / im.width
@@ -466,7 +470,7 @@ def decode(data: bytes, fmt: str, draft_size: tuple[int, int] | None = None,
            max_pixels: int = 64_000_000) -> tuple[Image.Image, float]:
     """Full decode to RGB, upright, sRGB, and the scale the decode applied."""
     d = decode_opened(open_checked(data, fmt, max_pixels), draft_size)
-    return d.image, d.scale
+    return vips.rgb(d.image), d.scale
 
 
 def open_image(data: bytes, fmt: str) -> Image.Image:

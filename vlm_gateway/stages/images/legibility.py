@@ -54,19 +54,23 @@ class Estimate:
 NONE = Estimate("none", 0.0, 0.0, 0.0, 0, 0.0)
 
 
-def strips(im: Image.Image) -> np.ndarray:
+def strips(im: Image.Image, box: tuple[int, int, int, int] | None = None) -> np.ndarray:
     """Grayscale samples of every second ``STRIP``-wide vertical strip, every second
-    column: h x strips x STRIP/2 (a quarter of the pixels, converted by Pillow in C)."""
-    w, h = im.size
+    column: h x strips x STRIP/2 (a quarter of the pixels, converted by Pillow in C);
+    ``box``: only this part of ``im`` (the content inside trimmed borders)."""
+    x0, y0, x1, y1 = box or (0, 0, *im.size)
+    w = x1 - x0
     sw = min(STRIP, w)
     xs = range(0, max(1, w - sw + 1), 2 * STRIP) if w >= 2 * STRIP else (0,)
-    cols = [np.asarray(im.crop((x, 0, x + sw, h)).convert("L"))[:, ::2] for x in xs]
+    cols = [np.asarray(im.crop((x0 + x, y0, x0 + x + sw, y1)).convert("L"))[:, ::2] for x in xs]
     return np.stack(cols, axis=1)
 
 
-def estimate(im: Image.Image | np.ndarray, scale: float = 1.0) -> Estimate:
-    """``im``: a decoded image, or ``strips(im)``; ``scale``: source px per decoded px."""
-    s = strips(im) if isinstance(im, Image.Image) else im
+def estimate(im: Image.Image | np.ndarray, scale: float = 1.0,
+             box: tuple[int, int, int, int] | None = None) -> Estimate:
+    """``im``: a decoded image (``box``: the part of it to measure), or ``strips(im)``;
+    ``scale``: source px per decoded px."""
+    s = strips(im, box) if isinstance(im, Image.Image) else im
     h, ns, sw = s.shape
     if h < 16 or sw < 8:
         return NONE

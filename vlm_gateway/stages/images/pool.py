@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, TypeVar
 
+from ...core import timing
 from ...core.errors import Unavailable
 
 T = TypeVar("T")
@@ -37,11 +39,18 @@ class BoundedPool:
             raise Unavailable(f"The {self.what} decode queue is full; retry shortly", code=f"{self.what}_queue_full",
                               headers={"retry-after": "1"})
         loop = asyncio.get_running_loop()
+        tm = timing.CURRENT.get()
+        if tm is not None:  # the request's queue and work time (core/timing.py)
+            fn, args = _timed, (fn, time.perf_counter(), *args)
         cf = self._ex.submit(fn, *args)
         self.jobs += 1
         # released when the job ends (or is cancelled before it starts), on the loop's thread
         cf.add_done_callback(lambda f: self._release(loop, f))
-        return await asyncio.wrap_future(cf)
+        if tm is None:
+            return await asyncio.wrap_future(cf)
+        out, waited, ran = await asyncio.wrap_future(cf)
+        tm.job(waited, ran)
+        return out
 
     def _release(self, loop: asyncio.AbstractEventLoop, f: Future) -> None:
         try:
@@ -51,3 +60,9 @@ class BoundedPool:
 
     def close(self) -> None:
         self._ex.shutdown(wait=False, cancel_futures=True)
+
+
+def _timed(fn, submitted: float, *args):
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, t0 - submitted, time.perf_counter() - t0

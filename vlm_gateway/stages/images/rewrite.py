@@ -21,7 +21,8 @@ from .encode import data_uri, encode
 from .legibility import estimate
 from .policy import Policy
 from .pressure import long_side as pressed
-from .resize import downscale, prescale_size
+from . import vips
+from .resize import downscale, prescale_size, reduce_factor
 from .trim import content_box
 
 DEFAULT_MAX_SOURCE_PIXELS = 64_000_000
@@ -75,14 +76,14 @@ def needs_rewrite(header: Header, policy: Policy) -> bool:
 _PRESSURE_CLASS = {"no_text": "none", "text": "text", "dense_text": "text"}
 
 
-def decide(policy: Policy, d: Decoded, content_long: int) -> Budget:
+def decide(policy: Policy, d: Decoded, content_long: int, box: tuple[int, int, int, int] | None = None) -> Budget:
     """The long side for this image: THE call site of the decision (budget.py), lowered
     under engine pressure by the SLO budget level (pressure.py), never below
     ``legible_floor`` unless the client or tenant opted in."""
     if not policy.legible:
         b = budgets.fixed(policy, content_long, "client" if policy.budget == "client" else "fixed")
     else:
-        b = budgets.choose(estimate(d.image, d.scale), content_long, policy)
+        b = budgets.choose(estimate(d.image, d.scale, box), content_long, policy)
     if policy.level <= 0:
         return b
     side = pressed(b.long_side, b.legible_floor, _PRESSURE_CLASS.get(b.cls, "unknown"), policy.level,
@@ -127,37 +128,53 @@ def rewrite(data: bytes, header: Header, policy: Policy,
     if not needs_rewrite(header, policy):
         return _within(data, header, op, policy, t0, before)
     f = policy.grid_factor
+    gap = policy.prescale_gap
     d = decode_opened(op, _draft(header, policy))
-    im, scale = d.image, d.scale
-    view = _full_view(im, scale, header)
+    full, scale = d.image, d.scale
+    view = _full_view(full, scale, header)
     trimmed = False
+    fbox = None  # the content box in ``full``'s pixels (None: all of it)
     if policy.trim_borders:
-        box = content_box(im, policy.trim_tolerance, min_side=max(2, int(f / scale)))
+        # Trim on a reduced image (box averages keep a uniform border exactly uniform),
+        # reduced no further than the smallest size this image can be sent at.
+        floor = budgets.estimate_side(policy) if policy.legible else policy.max_long_side
+        low = target_size(max(1, round(full.width * scale)), max(1, round(full.height * scale)), floor, f,
+                          policy.min_pixels)
+        k = reduce_factor(full.size, low, gap)
+        small = vips.rgb(full.reduce(k) if k >= 2 else full)
+        box = content_box(small, policy.trim_tolerance, min_side=max(2, int(f / (scale * k))))
         if box is not None:
-            kx, ky = view[0] / im.width, view[1] / im.height
+            kx, ky = view[0] / small.width, view[1] / small.height
             view = (view[0], view[1], box[0] * kx, box[1] * ky, box[2] * kx, box[3] * ky)
-            im = im.crop(box)
+            fbox = (box[0] * k, box[1] * k, min(full.width, box[2] * k), min(full.height, box[3] * k))
             trimmed = True
     # target from the upright content size in source pixels
-    cw, ch = max(1, round(im.width * scale)), max(1, round(im.height * scale))
-    budget = decide(policy, Decoded(im, scale, d.conversions, d.frames), max(cw, ch))
+    fw, fh = (fbox[2] - fbox[0], fbox[3] - fbox[1]) if fbox else full.size
+    cw, ch = max(1, round(fw * scale)), max(1, round(fh * scale))
+    budget = decide(policy, Decoded(full, scale, d.conversions, d.frames), max(cw, ch), fbox)
     long_side = budget.long_side
     if not trimmed and long_side >= max(header.width, header.height):
         # the text needs every pixel: sent at its own size, as the fixed rule sends small images
         return _within(data, header, open_checked(data, header.format, max_source_pixels), policy, t0, before,
                        budget)
     target = target_size(cw, ch, long_side, f, policy.min_pixels)
-    need = prescale_size(target, policy.prescale_gap)
-    if scale > 1 and (im.width < need[0] or im.height < need[1]):
+    need = prescale_size(target, gap)
+    if scale > 1 and (fw < need[0] or fh < need[1]):
         # the reduced decode is too small for this text's budget: decode again, finer
         k = max(need[0] / cw, need[1] / ch)  # draft sizes are as stored (before EXIF turns)
         d = decode_opened(open_checked(data, header.format, max_source_pixels),
                           (max(1, int(header.width * k)), max(1, int(header.height * k))))
-        im = d.image
+        full = d.image
         if trimmed:  # the same content box, in this decode's pixels
-            im = im.crop((round(view[2] / view[0] * im.width), round(view[3] / view[1] * im.height),
-                          round(view[4] / view[0] * im.width), round(view[5] / view[1] * im.height)))
-    im = downscale(im, target, policy.resample, policy.prescale_gap)
+            fbox = (round(view[2] / view[0] * full.width), round(view[3] / view[1] * full.height),
+                    round(view[4] / view[0] * full.width), round(view[5] / view[1] * full.height))
+        fw, fh = (fbox[2] - fbox[0], fbox[3] - fbox[1]) if fbox else full.size
+    k = reduce_factor((fw, fh), target, gap)
+    if k >= 2:
+        im = full.reduce(k, box=fbox) if fbox else full.reduce(k)
+    else:
+        im = full.crop(fbox) if fbox else full
+    im = downscale(vips.rgb(im), target, policy.resample, gap)
     out, mime = encode(im, policy.jpeg_quality)
     return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
                      len(data), before, tokens(im.width, im.height, policy), trimmed, time.perf_counter() - t0,
