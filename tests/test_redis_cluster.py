@@ -79,6 +79,16 @@ def metric(gw, name: str, labels: str = "") -> float:
     return float(m.group(1)) if m else 0.0
 
 
+def errors_logged(env) -> str:
+    """The gateways' warnings, errors and tracebacks (for a failure's message)."""
+    out = []
+    for name in ("a", "b"):
+        lines = env[name].output().splitlines()
+        out += [f"{name}: {ln}" for ln in lines if "access" not in ln and ("WARNING" in ln or "ERROR" in ln
+                                                                          or not ln[:4].isdigit())]
+    return "\n".join(out[-80:])
+
+
 def keys(env, pattern: str) -> set[str]:
     c = env["cluster"].client()
     try:
@@ -147,7 +157,8 @@ def test_caches_are_shared_across_gateways_and_spread_over_every_primary(env):
     for q in questions:
         assert ask(ca, q).headers["x-vlm-gateway-cache"] == "miss"
     # fills are written in the background
-    assert until(lambda: len(keys(env, f"{PREFIX}:l3:*") - {f"{PREFIX}:l3:semantic"}) >= 12, 10)
+    assert until(lambda: len(keys(env, f"{PREFIX}:l3:*") - {f"{PREFIX}:l3:semantic"}) >= 12, 10), \
+        errors_logged(env)
     for q in questions:
         r = ask(cb, q)
         assert r.headers["x-vlm-gateway-cache"] == "hit-exact" and r.headers["x-vlm-gateway-backend"] == "none"
@@ -261,7 +272,7 @@ async def _take_away_and_recover(env, primary: int, how: str) -> None:
     await asyncio.sleep(2.0)
     stop.set()
     statuses = await asyncio.wait_for(task, 60)
-    assert statuses and all(s == 200 for s in statuses), [s for s in statuses if s != 200][:5]
+    assert statuses and all(s == 200 for s in statuses), ([s for s in statuses if s != 200][:5], errors_logged(env))
     # the primary owned the "load" tenant's buckets: rate limits fell back to in-process
     assert metric(env["a"], "vlm_gateway_ratelimit_redis_failures_total") > fallbacks
     assert promoted_after < 10
