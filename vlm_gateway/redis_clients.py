@@ -144,10 +144,13 @@ class Client:
                 # read the slot map once, here: commands racing a lazy first
                 # initialisation see their connections closed under them
                 await c.initialize()
+                await _warm(c.ping(target_nodes=c.PRIMARIES))
                 self._gate = asyncio.Semaphore(self.max_connections)
                 self._client = c
             else:
-                self._client = _single(self.url, self.timeout_s, self.max_connections, self._kw)
+                c = _single(self.url, self.timeout_s, self.max_connections, self._kw)
+                await _warm(c.ping())
+                self._client = c
         except Exception as e:
             self._retry_at = time.monotonic() + DETECT_RETRY_S
             from redis.exceptions import ConnectionError as RedisConnectionError
@@ -287,6 +290,15 @@ async def delete_matching(client: Client, pattern: str, batch: int = 500) -> int
         if keys:
             n += int(await c.delete(*keys))  # a cluster client sends one DEL per slot
     return n
+
+
+async def _warm(ping) -> None:
+    """Open a first connection (to every primary of a cluster) before the first lookup,
+    whose budget a cold connection's handshake may take on a busy machine."""
+    try:
+        await asyncio.wait_for(ping, 2.0)
+    except Exception:  # noqa: BLE001 - a lookup connects itself then
+        pass
 
 
 def _redact(url: str) -> str:
