@@ -105,6 +105,13 @@ class Client:
         self._gate: asyncio.Semaphore | None = None  # cluster mode: commands in flight
         self._refresh_at = 0.0
         self._refresh: asyncio.Task | None = None
+        try:
+            # made at startup (the gateway builds its clients in the app's lifespan): the
+            # first lookup does not wait for the detection, which can take longer than
+            # a lookup's budget
+            self._start_making()
+        except RuntimeError:  # no running loop: made on first use
+            pass
 
     @property
     def cluster(self) -> bool | None:
@@ -119,12 +126,15 @@ class Client:
             import redis.exceptions as rexc
             raise rexc.ConnectionError(f"Redis at {_redact(self.url)} not reached yet")
         if self._making is None or self._making.done():
-            self._making = asyncio.get_running_loop().create_task(self._make())
-            # its failure is every waiting caller's; never an unretrieved-exception warning
-            self._making.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._start_making()
         # shielded: a caller whose lookup budget runs out does not abort the detection
         # (it may take longer than one lookup's budget; it happens once)
         return await asyncio.shield(self._making)
+
+    def _start_making(self) -> None:
+        self._making = asyncio.get_running_loop().create_task(self._make())
+        # its failure is every waiting caller's; never an unretrieved-exception warning
+        self._making.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def _make(self):
         try:
@@ -134,12 +144,19 @@ class Client:
                 # read the slot map once, here: commands racing a lazy first
                 # initialisation see their connections closed under them
                 await c.initialize()
+                await _warm(c.ping(target_nodes=c.PRIMARIES))
                 self._gate = asyncio.Semaphore(self.max_connections)
                 self._client = c
             else:
-                self._client = _single(self.url, self.timeout_s, self.max_connections, self._kw)
-        except Exception:
+                c = _single(self.url, self.timeout_s, self.max_connections, self._kw)
+                await _warm(c.ping())
+                self._client = c
+        except Exception as e:
             self._retry_at = time.monotonic() + DETECT_RETRY_S
+            from redis.exceptions import ConnectionError as RedisConnectionError
+            from redis.exceptions import RedisClusterException
+            if isinstance(e, RedisClusterException):   # no node reachable: a Redis failure
+                raise RedisConnectionError(str(e)) from e
             raise
         return self._client
 
@@ -171,8 +188,14 @@ class Client:
                 await self._gate.acquire()
                 acquired = True
                 return await aw
-        except Exception:
+        except Exception as e:
             self._refresh_soon()
+            from redis.exceptions import ConnectionError as RedisConnectionError
+            from redis.exceptions import RedisClusterException
+            if isinstance(e, RedisClusterException):
+                # no slot map yet, no node for a slot: not a RedisError in redis-py, but a
+                # Redis failure to every caller (a miss, or in-process rate limits)
+                raise RedisConnectionError(str(e)) from e
             raise
         finally:
             if acquired:
@@ -267,6 +290,15 @@ async def delete_matching(client: Client, pattern: str, batch: int = 500) -> int
         if keys:
             n += int(await c.delete(*keys))  # a cluster client sends one DEL per slot
     return n
+
+
+async def _warm(ping) -> None:
+    """Open a first connection (to every primary of a cluster) before the first lookup,
+    whose budget a cold connection's handshake may take on a busy machine."""
+    try:
+        await asyncio.wait_for(ping, 2.0)
+    except Exception:  # noqa: BLE001 - a lookup connects itself then
+        pass
 
 
 def _redact(url: str) -> str:

@@ -174,7 +174,8 @@ class RedisStore:
             raise RedisUnavailable
         try:
             return await coro_fn()
-        except (rexc.RedisError, OSError, TimeoutError) as e:
+        # RedisClusterException (a cluster without a node for a slot) is no RedisError
+        except (rexc.RedisError, rexc.RedisClusterException, OSError, TimeoutError) as e:
             if self.up:
                 log.warning("Redis unavailable for rate limits (%s); using in-process limits for %.0fs",
                             type(e).__name__, self.retry_s)
