@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from .. import metrics
 from ..core.errors import RateLimited
+from ..core.state import Slot
 from ..vision_tokens import MARKER_TOKENS, estimate_text_tokens, target_size, visual_tokens
 
 if TYPE_CHECKING:
@@ -37,9 +38,13 @@ if TYPE_CHECKING:
     from .backend import Backend
 
 
+# the prompt's estimated text tokens (counted once per request)
+TEXT_TOKENS: Slot[int] = Slot("est_text_tokens")
+
+
 def text_tokens(req: "ChatRequest") -> int:
     """Estimated text tokens of the prompt (chat template markers included); cached."""
-    cached = req.state.get("est_text_tokens")
+    cached = req.state.get(TEXT_TOKENS)
     if cached is not None:
         return cached
     n = 0
@@ -59,7 +64,7 @@ def text_tokens(req: "ChatRequest") -> int:
         p = req.body.get("prompt")
         n = estimate_text_tokens(p) if isinstance(p, str) else sum(
             estimate_text_tokens(x) for x in p if isinstance(x, str)) if isinstance(p, list) else 0
-    req.state["est_text_tokens"] = n
+    req.state[TEXT_TOKENS] = n
     return n
 
 

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ..config import BackendConfig, UpstreamConfig
+from ..core.state import Slot
 from .scrape import ScrapeState, sources_for
 
 
@@ -83,3 +84,7 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"Backend({self.name})"
+
+
+# the backend a request was last sent to (set by the relay for each attempt)
+CHOSEN: Slot[Backend] = Slot("backend")

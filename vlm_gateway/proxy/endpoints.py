@@ -5,7 +5,6 @@ disconnect (which cancels the upstream request, stream or not)."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from typing import TYPE_CHECKING, Callable
@@ -13,10 +12,12 @@ from typing import TYPE_CHECKING, Callable
 import orjson
 
 from .. import metrics
-from ..stages import Reply, run_stages
-from .body import read_json_body
+from ..backends.backend import CHOSEN
 from ..core.errors import GatewayError
+from ..core.stage import Reply
+from ..stages.chain import Chain
 from . import recent
+from .body import read_json_body
 from .relay import Responder
 from .sse import fresh_ids, replay
 
@@ -32,20 +33,10 @@ async def _until_disconnect(receive) -> None:
         pass
 
 
-async def _run_finish(req: "ChatRequest") -> None:
-    for cb in req.on_finish:
-        try:
-            r = cb(req)
-            if inspect.isawaitable(r):
-                await r
-        except Exception:
-            log.exception("on_finish hook failed (request %s)", req.request_id)
-
-
-async def _finish(req: "ChatRequest") -> None:
-    """Run ``req.on_finish`` hooks to completion even when this task is being cancelled
+async def _finish(chain: Chain, req: "ChatRequest") -> None:
+    """Run the chain's ``finish`` to completion even when this task is being cancelled
     (a client abort must still release what the request holds)."""
-    task = asyncio.ensure_future(_run_finish(req))
+    task = asyncio.ensure_future(chain.finish(req))
     try:
         await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -60,7 +51,7 @@ def error_headers(err: GatewayError, request_id: str | None,
     h = [(b"content-type", b"application/json")]
     if request_id:
         h.append((b"x-request-id", request_id.encode()))
-    b = req.state.get("backend") if req is not None else None
+    b = req.state.get(CHOSEN) if req is not None else None
     h.append((b"x-vlm-gateway-backend", b.name.encode() if b is not None else b"none"))
     if req is not None:
         overhead = (time.perf_counter() - req.t_start - req.upstream_s) * 1000.0
@@ -93,12 +84,11 @@ class CompletionEndpoint:
             raw = await read_json_body(scope, receive, gw.cfg.server.max_body_bytes)
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             req = self.parse(raw, headers, rid)
-            req.state["scope_state"] = state
             state["req"] = req
             model = req.model if req.model in gw.pool.known_models else "other"
             disconnect = asyncio.ensure_future(_until_disconnect(receive))
             disconnect.add_done_callback(lambda t: None if out.finishing or t.cancelled() else me.cancel())
-            reply = await run_stages(gw.stages, req)
+            reply = await gw.chain.run(req)
             if reply is not None:
                 await self._reply(gw, req, reply, out)
             elif req.stream:
@@ -129,8 +119,8 @@ class CompletionEndpoint:
         finally:
             if disconnect is not None:
                 disconnect.cancel()
-            if req is not None and req.on_finish:
-                await _finish(req)
+            if req is not None and gw.chain.pending(req):
+                await _finish(gw.chain, req)
             state["status"] = status
             metrics.REQUESTS.labels(self.route, model, str(status)).inc()
             if req is not None:

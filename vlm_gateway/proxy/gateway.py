@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
-
-from ..backends.backend import Backend
+from ..backends.backend import CHOSEN, Backend
 from ..backends.pool import Pool
 from ..backends.profiles import load_profiles
 from ..config import GatewayConfig
-from ..stages import Stage
+from ..core.request import ChatRequest
+from ..stages.auth import Auth, KeyTable
+from ..stages.chain import Chain
 from .relay import Relay
-
-if TYPE_CHECKING:
-    from ..core.request import ChatRequest
 
 log = logging.getLogger("vlm_gateway")
 
@@ -30,38 +27,28 @@ class Gateway:
         if cfg.discovery:
             from ..backends.discovery.reconcile import Reconciler
             self.discovery = Reconciler(cfg, self.pool)
-        self.relay = Relay(self)
-        self.stages: list[Stage] = []
-        self.closers: list = []
-        # async () -> count|None, called by POST /admin/cache/flush (L1 images, L3 responses)
-        self.cache_flushers: list = []
-        self._build_stages()
-
-    def _build_stages(self) -> None:
-        """auth/rate-limit -> image rewrite (L1) -> L3 lookup (DESIGN.md order)."""
-        from ..stages import chain
-        self.stages = chain.build(self)
+        self.chain = Chain(cfg)
+        self.relay = Relay(self.pool, cfg, self.chain, self.response_headers)
+        auth = self.chain.find(Auth)
+        # the tenant key table (/v1/models shows a key its models); empty with auth off
+        self.keys: KeyTable = auth.table if auth is not None else KeyTable([])
 
     async def start(self) -> None:
         await self.pool.start()
         if self.discovery is not None:
             await self.discovery.start()
-        from ..stages import chain
-        await chain.start(self)
+        await self.chain.start()
 
     async def close(self) -> None:
-        for c in reversed(self.closers):
-            try:
-                await c()
-            except Exception:  # pragma: no cover - best effort on shutdown
-                log.exception("error while closing")
+        await self.chain.close()
         if self.discovery is not None:
             await self.discovery.close()
         await self.pool.close()
 
-    def response_headers(self, req: "ChatRequest", content_type: bytes) -> list[tuple[bytes, bytes]]:
+    @staticmethod
+    def response_headers(req: ChatRequest, content_type: bytes) -> list[tuple[bytes, bytes]]:
         overhead = (time.perf_counter() - req.t_start - req.upstream_s) * 1000.0
-        b = req.state.get("backend")
+        b = req.state.get(CHOSEN)
         h = [(b"content-type", content_type),
              (b"x-vlm-gateway-overhead-ms", b"%.3f" % overhead),
              (b"x-vlm-gateway-backend", b.name.encode() if b is not None else b"none"),

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..core.request import ChatRequest
+from ..backends.backend import CHOSEN
+from ..core.request import ChatRequest
 
 RECENT: deque[dict[str, Any]] = deque(maxlen=50)
 
@@ -21,7 +21,7 @@ def record(route: str, req: "ChatRequest | None", status: int) -> None:
     """Called once per completion request, after the response is finished."""
     entry: dict[str, Any] = {"time": time.time(), "route": route, "status": status}
     if req is not None:
-        b = req.state.get("backend")
+        b = req.state.get(CHOSEN)
         entry.update(
             request_id=req.request_id, model=req.model, stream=req.stream, tenant=req.tenant,
             backend=b.name if b is not None else None, images=len(req.images),

@@ -21,7 +21,6 @@ import asyncio
 import binascii
 import hashlib
 import hmac
-import inspect
 import re
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from starlette.staticfiles import StaticFiles
 
 from .. import metrics
 from ..config import GatewayConfig
+from ..stages.images.stage import PLAN, ImageRewriter
 from ..vision_tokens import visual_tokens
 from . import recent
 from .body import read_json_body
@@ -126,7 +126,7 @@ async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: 
     and no request metrics are counted."""
     if not gw.cfg.images.enabled:
         return data_uri, {"rewritten": False, "reason": "image rewriting is switched off (images.enabled)"}
-    rewriter = getattr(gw, "image_rewriter", None)
+    rewriter = gw.chain.find(ImageRewriter)
     if rewriter is None:
         return data_uri, {"rewritten": False, "reason": "the image stage is not installed"}
     part: dict[str, Any] = {"type": "image_url", "image_url": {"url": data_uri}}
@@ -139,30 +139,28 @@ async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: 
     try:
         await rewriter(req)
     finally:
-        for cb in req.on_finish:  # give back the media bytes the stage held for this request
-            if inspect.isawaitable(r := cb(req)):
-                await r
-    plan = req.state.get("images") or {}
+        await gw.chain.finish(req)  # give back the media bytes the stage held for this request
+    plan = req.state.get(PLAN)
     info: dict[str, Any] = {"tokens_before": image.tokens_before, "tokens_after": image.tokens_after}
-    if plan.get("results"):
-        info["conversions"] = list(plan["results"][0][0].conversions)
+    if plan is not None and plan.results:
+        info["conversions"] = list(plan.results[0][0].conversions)
     try:
         backend = gw.pool.policy.rank(req, gw.pool.candidates(req))[0]
     except GatewayError:
         backend = None
     info["backend"] = backend.name if backend is not None else None
     cap = (backend.profile or {}).get("image_max_long_side") if backend is not None else None
-    if plan.get("policies") and isinstance(cap, (int, float)) and cap > 0:
-        pol = plan["policies"][0]
+    if plan is not None and plan.policies and isinstance(cap, (int, float)) and cap > 0:
+        pol = plan.policies[0]
         capped = pol.capped(int(cap))
         if capped != pol:
-            r, _ = await rewriter.rewritten(image, plan["sources"][0], capped)
+            r, _ = await rewriter.rewritten(image, plan.sources[0], capped)
             info["tokens_after"] = r.tokens_after
             info["budget"] = capped.max_long_side
             info["conversions"] = list(r.conversions)
             return (r.url or data_uri), {**info, "rewritten": r.url is not None}
-    if plan.get("policies"):
-        info["budget"] = plan["policies"][0].max_long_side
+    if plan is not None and plan.policies:
+        info["budget"] = plan.policies[0].max_long_side
     url = image.url
     return url, {**info, "rewritten": url != data_uri}
 

@@ -13,7 +13,6 @@ APIs' (ui.py).
 from __future__ import annotations
 
 import binascii
-import inspect
 import re
 import time
 from fractions import Fraction
@@ -25,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..config import GatewayConfig
+from ..stages.images.media import MediaStage
 from ..stages.video.stage import engine_frames
 from ..core.errors import BadRequest, PayloadTooLarge
 from ..core.request import ChatRequest, MediaPart
@@ -79,11 +79,11 @@ def route(cfg: GatewayConfig):
                              code="missing_required_parameter")
         value = body.get("video")
         src_len = len(_video_bytes(value))
-        rewriter = getattr(gw, "video_rewriter", None)
-        if rewriter is None:
+        stage = gw.chain.find(MediaStage)
+        rewriter = stage.video if stage is not None else None
+        if stage is None or rewriter is None:
             return _json({"model": model, "rewritten": False, "before": {"bytes": src_len}, "after": {"bytes": src_len},
                           "reason": "video rewriting is switched off (video.enabled)", "video": value})
-        stage = gw.media_stage
         part_json = {"type": "video_url", "video_url": {"url": value}}
         req = ChatRequest(body={"model": model, "messages": [{"role": "user", "content": [part_json]}]},
                           route="chat", model=model, stream=False, headers={}, request_id="ui-rewrite-video",
@@ -96,9 +96,7 @@ def route(cfg: GatewayConfig):
                 e.param = "video"
             raise
         finally:
-            for cb in req.on_finish:  # give back the media bytes the stage held
-                if inspect.isawaitable(r := cb(req)):
-                    await r
+            await gw.chain.finish(req)  # give back the media bytes the stage held
         ms = (time.perf_counter() - t0) * 1000.0
         part = req.media[0]
         v = part.video

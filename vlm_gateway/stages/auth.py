@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import TYPE_CHECKING
-
-from ..config import TenantConfig
+from ..config import AuthConfig, GatewayConfig, TenantConfig
 from ..core.errors import Forbidden, Unauthorized
-
-if TYPE_CHECKING:
-    from ..proxy.gateway import Gateway
-    from ..core.request import ChatRequest
+from ..core.request import ChatRequest
+from ..core.stage import Stage
+from ..core.state import Slot
 
 ANONYMOUS = "anonymous"
+# the tenant the key belongs to (absent with auth off)
+TENANT: Slot[TenantConfig] = Slot("tenant")
 
 
 def hash_key(key: str) -> str:
@@ -75,10 +74,11 @@ def scope_of(t: TenantConfig) -> str:
     return f"scope:{t.cache_scope}" if t.cache_scope else f"tenant:{t.name}"
 
 
-def check_admin(gw: "Gateway", headers) -> None:
-    """Admin endpoints: 403 when no admin key is configured (there is none to send), else
-    401 without a key and 403 with another key."""
-    digest = gw.cfg.auth.admin_key_sha256
+def check_admin(auth: AuthConfig, headers) -> None:
+    """The one admin check (``/admin/*``, ``/metrics`` and ``/ui`` when protected): 403 when
+    no admin key is configured (there is none to send), else 401 without a key and 403
+    with another key."""
+    digest = auth.admin_key_sha256
     if not digest:
         raise Forbidden("The admin endpoints are off: no admin key is configured (auth.admin_key_sha256)",
                         code="admin_disabled", reason="admin_disabled")
@@ -98,26 +98,28 @@ def check_model_access(t: TenantConfig, model: str) -> None:
                         code="model_not_allowed", reason="model_not_allowed")
 
 
-def make(gw: "Gateway"):
-    tenants = gw.cfg.auth.tenants
-    if not tenants:
-        return None
-    table = KeyTable(tenants)
-    gw.state_auth = table  # type: ignore[attr-defined]  # reused by /v1/models and admin routes
+class Auth(Stage):
+    """Bearer key -> tenant (401/403); sets ``req.tenant``, ``req.cache_scope`` and ``TENANT``."""
 
-    async def auth(req: "ChatRequest"):
-        t = authenticate(table, req.headers)
+    name = "auth"
+
+    def __init__(self, tenants: list[TenantConfig]) -> None:
+        self.table = KeyTable(tenants)  # reused by /v1/models
+
+    @classmethod
+    def from_config(cls, cfg: GatewayConfig, shared) -> "Auth | None":
+        return cls(cfg.auth.tenants) if cfg.auth.tenants else None
+
+    async def __call__(self, req: ChatRequest):
+        t = authenticate(self.table, req.headers)
         check_model_access(t, req.model)
         req.tenant = t.name
         req.cache_scope = scope_of(t)
-        req.state["tenant_cfg"] = t
+        req.state[TENANT] = t
         return None
 
-    return auth
 
-
-def visible_models(gw: "Gateway", headers, names: list[str]) -> list[str]:
+def visible_models(table: KeyTable, headers, names: list[str]) -> list[str]:
     """GET /v1/models with auth on: 401 without a valid key, else the key's allowed models."""
-    table = getattr(gw, "state_auth", None) or KeyTable(gw.cfg.auth.tenants)
     t = authenticate(table, headers)
     return [m for m in names if not t.models or m in t.models]

@@ -48,6 +48,7 @@ from collections import OrderedDict
 import orjson
 
 from ... import metrics
+from ...core.state import Slot
 from ...hashing import content_digest, hasher
 from ...vision_tokens import MARKER_TOKENS, estimate_text_tokens, visual_tokens
 from . import register
@@ -80,9 +81,17 @@ def _image_identity(img, part: dict) -> bytes:
     return content_digest(orjson.dumps(part, option=orjson.OPT_SORT_KEYS))
 
 
+# per request: ([(key, tokens up to it)], total tokens) and the root key, with the
+# images hashed in and (as a text-only router sees it) without
+_KEYS: Slot[tuple[list[tuple[bytes, int]], int]] = Slot("affinity_keys")
+_KEYS_TEXT: Slot[tuple[list[tuple[bytes, int]], int]] = Slot("affinity_keys_text")
+_ROOT: Slot[bytes] = Slot("affinity_root")
+_ROOT_TEXT: Slot[bytes] = Slot("affinity_root_text")
+
+
 def prefix_keys(req, include_images: bool = True) -> tuple[list[tuple[bytes, int]], int]:
     """([(key, tokens up to it)], total tokens) of a request; cached on ``req.state``."""
-    slot = "affinity_keys" if include_images else "affinity_keys_text"
+    slot = _KEYS if include_images else _KEYS_TEXT
     cached = req.state.get(slot)
     if cached is not None:
         return cached
@@ -143,7 +152,7 @@ def prefix_keys(req, include_images: bool = True) -> tuple[list[tuple[bytes, int
             keys.append((h.digest(), tokens))
     if root is None and keys:
         root = keys[-1][0]
-    req.state[slot + "_root"] = root or h.digest()
+    req.state[_ROOT if include_images else _ROOT_TEXT] = root or h.digest()
     result = (keys, max(tokens, 1))
     req.state[slot] = result
     return result
@@ -155,9 +164,8 @@ def _is_user(msg) -> bool:
 
 def root_key(req, include_images: bool = True) -> bytes:
     """The chained key after the conversation's first user message."""
-    slot = "affinity_keys" if include_images else "affinity_keys_text"
     prefix_keys(req, include_images)
-    return req.state[slot + "_root"]
+    return req.state[_ROOT if include_images else _ROOT_TEXT]
 
 
 def home(root: bytes, candidates):

@@ -15,6 +15,9 @@ import logging
 import time
 from typing import Any
 
+from ...backends.backend import CHOSEN
+from ..relay import USAGE
+
 log = logging.getLogger("vlm_gateway.access")
 
 QUIET_PATHS = frozenset({"/health", "/ready", "/metrics", "/favicon.ico"})
@@ -34,12 +37,12 @@ def _clip(value: Any, n: int = 64) -> str:
 
 def request_fields(req, status: int) -> dict[str, Any]:
     """What a completed ChatRequest contributes to its log line."""
-    b = req.state.get("backend")
+    b = req.state.get(CHOSEN)
     out: dict[str, Any] = {
         "tenant": tenant_hash(req.tenant), "model": _clip(req.model), "stream": req.stream,
         "backend": b.name if b is not None else None,
     }
-    usage = req.state.get("usage")
+    usage = req.state.get(USAGE)
     if isinstance(usage, dict):
         for k in ("prompt_tokens", "completion_tokens"):
             if isinstance(usage.get(k), int):
@@ -50,8 +53,6 @@ def request_fields(req, status: int) -> dict[str, Any]:
         out.update(images=len(req.images), visual_tokens_before=before, visual_tokens_after=after,
                    visual_tokens_saved=max(0, before - after) if after else 0)
     cache = next((v for k, v in req.response_headers.items() if k.lower() == CACHE_HEADER), None)
-    if cache is None and isinstance(req.state.get("cache"), str):
-        cache = req.state["cache"]
     out["cache"] = cache
     now = time.perf_counter()
     out["upstream_ms"] = round(req.upstream_s * 1000.0, 2)

@@ -32,11 +32,11 @@ from ...hashing import content_hash
 from ...core.errors import BadRequest
 from .decode import Header, ImageError
 from .fetch import Fetched, Fetcher, FetchError, FetchPolicy, check_address
-from .inflight import MediaBudget, for_gateway
+from .inflight import MediaBudget
 from .pool import BoundedPool
 
 if TYPE_CHECKING:
-    from ...proxy.gateway import Gateway
+    from ...config import ImagesConfig, LimitsConfig
     from ...core.request import ChatRequest, MediaPart
 
 __all__ = ["content_hash", "decode_data_uri", "Source", "UrlMemo", "MediaSources"]
@@ -147,16 +147,14 @@ class UrlMemo:
 class MediaSources:
     """One per process: the fetcher, pool, memo and byte budget every media stage uses."""
 
-    def __init__(self, gw: "Gateway") -> None:
-        cfg = gw.cfg.images
-        lim = gw.cfg.limits
+    def __init__(self, cfg: "ImagesConfig", lim: "LimitsConfig", budget: MediaBudget) -> None:
         self.cfg = cfg
         self.fetcher = Fetcher(FetchPolicy(cfg.fetch_timeout_s, cfg.max_fetch_bytes, cfg.max_redirects,
                                            cfg.allow_private_networks, list(cfg.allow_networks),
                                            list(cfg.allow_domains), list(cfg.deny_domains)))
         self.pool = BoundedPool(cfg.pool_workers, cfg.max_queue)
         self.memo = UrlMemo(cfg.url_cache_ttl_s)
-        self.budget: MediaBudget = for_gateway(gw)
+        self.budget = budget
         # per-part caps: fetched images keep images.max_fetch_bytes; data: images are
         # bounded by the request's total
         self.fetch_cap = {"image": cfg.max_fetch_bytes, "video": lim.max_video_bytes, "audio": lim.max_audio_bytes}
@@ -228,16 +226,6 @@ class MediaSources:
         got = await self.fetch(req, part, url)
         assert got.data is not None
         return Source("url", url, await self.hash(got.data), None, len(got.data), got.data, got.content_type)
-
-
-def media_sources(gw: "Gateway") -> MediaSources:
-    """The process's one ``MediaSources`` (created by the first stage that asks)."""
-    s = getattr(gw, "media_sources", None)
-    if s is None:
-        s = gw.media_sources = MediaSources(gw)
-        gw.closers.append(s.close)
-        gw.cache_flushers.append(s.flush)  # POST /admin/cache/flush forgets remembered URLs
-    return s
 
 
 def as_error(part: "MediaPart", e: ImageError | FetchError) -> BadRequest:
