@@ -14,6 +14,9 @@ first time; it is never a dependency of the gateway. Pass --no-litellm to skip i
 
     python benchmarks/overhead.py                 # ~4 minutes, prints a table
     python benchmarks/overhead.py --duration 5 --no-litellm
+    python benchmarks/overhead.py --no-litellm --baseline /tmp/base   # before/after: a second
+        gateway ("vlm-gateway-base") runs the package found in /tmp/base (e.g. `git archive REV
+        vlm_gateway | tar -x -C /tmp/base`), measured cell after cell beside this checkout's
 """
 
 from __future__ import annotations
@@ -161,6 +164,8 @@ def main() -> None:
     ap.add_argument("--conc", default="1,32,64")
     ap.add_argument("--no-litellm", action="store_true")
     ap.add_argument("--no-stream", action="store_true")
+    ap.add_argument("--baseline", default="", help="directory holding another vlm_gateway package to measure "
+                    "beside this one (before/after)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "overhead.json"))
     a = ap.parse_args()
     wrk = ensure_wrk()
@@ -180,6 +185,15 @@ def main() -> None:
         wait_url(f"http://127.0.0.1:{gw_port}/ready")
         targets["vlm-gateway"] = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
         pids = {"vlm-gateway": gw.pid}
+        if a.baseline:
+            base_port = free_port()
+            base = start([sys.executable, "-m", "vlm_gateway", "serve", "--port", str(base_port), "--backend",
+                          f"http://127.0.0.1:{up_port}/v1"], 1, logfile=f"{tmp}/gateway-base.log",
+                         env={"VLM_GATEWAY_CACHE__ENABLED": "false", "PYTHONPATH": a.baseline})
+            procs.append(base)
+            wait_url(f"http://127.0.0.1:{base_port}/ready")
+            targets["vlm-gateway-base"] = f"http://127.0.0.1:{base_port}/v1/chat/completions"
+            pids["vlm-gateway-base"] = base.pid
         if litellm_py:
             cfg = Path(tmp) / "litellm.yaml"
             cfg.write_text(f"model_list:\n  - model_name: bench-model\n    litellm_params:\n"
