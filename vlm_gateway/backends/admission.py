@@ -24,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-import time
 from typing import TYPE_CHECKING
 
 from .. import metrics
+from ..core.clock import Clock, monotonic
 from ..core.errors import RateLimited
 from ..core.state import Slot
 from ..vision_tokens import MARKER_TOKENS, estimate_text_tokens, target_size, visual_tokens
@@ -134,9 +134,10 @@ class ProfileFilter:
 class Slots:
     """Waiters for a free backend slot, woken in arrival order on every release."""
 
-    def __init__(self, timeout_s: float, max_queue: int) -> None:
+    def __init__(self, timeout_s: float, max_queue: int, clock: Clock = monotonic) -> None:
         self.timeout = timeout_s
         self.max_queue = max_queue
+        self.clock = clock
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
 
     def __len__(self) -> int:
@@ -158,7 +159,7 @@ class Slots:
         metrics.QUEUE_DEPTH.inc()
         try:
             while True:
-                left = deadline - time.monotonic()
+                left = deadline - self.clock()
                 if left <= 0:
                     raise self.reject("queue timeout")
                 fut = loop.create_future()

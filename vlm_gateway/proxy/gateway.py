@@ -8,7 +8,9 @@ import time
 from ..backends.backend import CHOSEN, Backend
 from ..backends.pool import Pool
 from ..backends.profiles import load_profiles
+from ..backends.transport import TransportFactory
 from ..config import GatewayConfig
+from ..core.clock import Clock, monotonic
 from ..core.request import ChatRequest
 from ..stages.auth import Auth, KeyTable
 from ..stages.chain import Chain
@@ -18,11 +20,14 @@ log = logging.getLogger("vlm_gateway")
 
 
 class Gateway:
-    def __init__(self, cfg: GatewayConfig) -> None:
+    """``clock`` and ``transport`` are the seams for in-process tests (core/clock.py,
+    backends/transport.py); production uses the defaults."""
+
+    def __init__(self, cfg: GatewayConfig, clock: Clock = monotonic, transport: TransportFactory | None = None) -> None:
         self.cfg = cfg
         profiles = load_profiles(cfg.profiles)
         backends = [Backend.from_config(b, i, profiles.get(b.profile)) for i, b in enumerate(cfg.backends)]
-        self.pool = Pool(cfg, backends)
+        self.pool = Pool(cfg, backends, clock, transport)
         self.discovery = None
         if cfg.discovery:
             from ..backends.discovery.reconcile import Reconciler

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from ... import metrics, redis_keys
 from ...backends.backend import CHOSEN
 from ...config import GatewayConfig, TenantConfig
+from ...core.clock import Clock, monotonic
 from ...core.errors import RateLimited
 from ...core.request import ChatRequest
 from ...core.stage import Stage
@@ -54,8 +55,8 @@ HOLDS: Slot[Holds] = Slot("ratelimit")
 
 
 class Limiter:
-    def __init__(self, redis_url: str, lease_local_s: float) -> None:
-        self.local = LocalStore(lease_local_s)
+    def __init__(self, redis_url: str, lease_local_s: float, clock: Clock = monotonic) -> None:
+        self.local = LocalStore(lease_local_s, clock)
         self.redis = RedisStore(redis_url, LEASE_S) if redis_url else None
         # concurrency slots held in Redis by this replica, renewed by ``renew_loop``
         self.held: dict[tuple[str, str], None] = {}

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 from ... import metrics
+from ...core.clock import Clock, monotonic
 
 log = logging.getLogger("vlm_gateway.ratelimit")
 
@@ -102,13 +103,14 @@ class Outcome:
 class LocalStore:
     """The same algorithm in process memory (one replica's view)."""
 
-    def __init__(self, max_age_s: float) -> None:
+    def __init__(self, max_age_s: float, clock: Clock = monotonic) -> None:
         self.buckets: dict[str, tuple[float, float]] = {}
         self.slots: dict[str, dict[str, float]] = {}
         self.max_age_s = max_age_s
+        self.clock = clock
 
     def take(self, checks: list[Check]) -> Outcome:
-        now = time.monotonic()
+        now = self.clock()
         levels, wait = [], 0.0
         for c in checks:
             rate = c.capacity / 60.0
@@ -127,7 +129,7 @@ class LocalStore:
         return Outcome(True, 0.0, out)
 
     def acquire(self, key: str, limit: int, member: str) -> tuple[bool, int]:
-        now = time.monotonic()
+        now = self.clock()
         held = self.slots.setdefault(key, {})
         if len(held) >= limit:
             for m, t in list(held.items()):
