@@ -23,6 +23,9 @@ last served a request containing it (``served`` hook, called after a send).
     follow b   if load(b) <= max_load and extra <= max_extra
     otherwise  rank by least_loaded.load (ties rotate)
 
+As filter -> score -> pick (``router/__init__.py``): the candidates are scored by
+load as ``least_loaded`` does, and the pick puts ``b`` first when it may be followed.
+
 The map is per process; ``home`` needs no shared state, so every worker and
 every replica sends a conversation it has never seen to the same backend (its
 first turn went there too, unless that backend was overloaded), and distinct
@@ -40,7 +43,6 @@ alone does not pin a new conversation), ``affinity_ttl_s``, ``affinity_max_entri
 from __future__ import annotations
 
 import hashlib
-import itertools
 import threading
 import time
 from collections import OrderedDict
@@ -52,7 +54,7 @@ from ...core.state import Slot
 from ...hashing import content_digest, hasher
 from ...vision_tokens import MARKER_TOKENS, estimate_text_tokens, visual_tokens
 from . import register
-from .least_loaded import DEFAULT_CAPACITY, load, rank_by_load
+from .least_loaded import DEFAULT_CAPACITY, LeastLoaded, load
 
 # an image whose size is unknown (no image stage) counts as this many tokens
 UNKNOWN_IMAGE_TOKENS = 256
@@ -206,18 +208,18 @@ class PrefixMap:
                 m.popitem(last=False)
 
 
-class PrefixAffinity:
+class PrefixAffinity(LeastLoaded):
     """Shared by ``affinity`` (images in the keys) and ``text_prefix`` (images ignored)."""
 
     name = "affinity"
     include_images = True
 
     def __init__(self, cfg=None) -> None:
+        super().__init__(cfg)
         self.max_load = getattr(cfg, "affinity_max_load", 0.9)
         self.min_match = getattr(cfg, "affinity_min_match", 0.5)
         self.max_extra = getattr(cfg, "affinity_max_extra_seqs", 4.0)
         self.map = PrefixMap(getattr(cfg, "affinity_ttl_s", 600.0), getattr(cfg, "affinity_max_entries", 100_000))
-        self._counter = itertools.count()
 
     def match(self, req, candidates) -> tuple[object | None, float]:
         """(backend holding the longest known prefix, fraction of the prompt it covers)."""
@@ -233,7 +235,7 @@ class PrefixAffinity:
         return None, 0.0
 
     def rank(self, req, candidates):
-        ranked = rank_by_load(candidates, next(self._counter))
+        ranked = super().rank(req, candidates)
         if len(candidates) <= 1:
             return ranked
         b, fraction = self.match(req, candidates)

@@ -8,16 +8,15 @@
 own in-flight count keeps the figure fresh between scrapes (requests sent or
 finished since the scrape shift it), and other gateway replicas' traffic shows
 up through the engine's counts. ``capacity`` is the profile's ``max_num_seqs``
-(``DEFAULT_CAPACITY`` without a profile). Ties rotate, so equal backends share
-the traffic. No parameters.
+(``DEFAULT_CAPACITY`` without a profile). The score is ``load``; ties rotate
+(the ``Policy`` base), so equal backends share the traffic. No parameters.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 
-from . import register
+from . import Policy, register
 
 DEFAULT_CAPACITY = 64
 # scraped figures older than this are ignored (engine unreachable for metrics)
@@ -37,25 +36,9 @@ def load(b) -> float:
     return max(seqs / cap, kv)
 
 
-def rank_by_load(candidates: list, start: int = 0) -> list:
-    """Candidates by ascending load; equal loads keep the rotated order from ``start``."""
-    n = len(candidates)
-    if n <= 1:
-        return list(candidates)
-    i = start % n
-    rotated = candidates[i:] + candidates[:i]
-    return sorted(rotated, key=load)
-
-
 @register("least_loaded")
-class LeastLoaded:
+class LeastLoaded(Policy):
     name = "least_loaded"
 
-    def __init__(self, cfg=None) -> None:
-        self._counter = itertools.count()
-
-    def rank(self, req, candidates):
-        return rank_by_load(candidates, next(self._counter))
-
-    def served(self, req, backend) -> None:
-        pass
+    def score(self, req, b) -> float:
+        return load(b)
