@@ -12,6 +12,7 @@ from ..config import BackendConfig, UpstreamConfig
 from ..core.state import Slot
 from .breaker import CircuitBreaker
 from .scrape import ScrapeState, sources_for
+from .stats import EngineStats
 from .transport import TransportFactory
 
 
@@ -34,9 +35,8 @@ class Backend:
     drained: bool = False
     # Set by discovery when the backend left its source: no new requests, removed once idle.
     departing: bool = False
-    # scraped engine load (running, waiting, kv_usage, prefix hits/queries)
-    engine_load: dict[str, float] = field(default_factory=dict)
-    scraped_at: float = 0.0
+    # the engine's load at the latest scrape (None before the first)
+    stats: EngineStats | None = None
     # the HTTP client towards the engine (transport.py: aiohttp, or a scripted one in tests)
     session: Any = None
     # where the engine's load is read: candidate endpoints and formats (scrape.py)
@@ -69,6 +69,15 @@ class Backend:
     @property
     def available(self) -> bool:
         return self.healthy and not self.drained and not self.departing and self.breaker.is_available()
+
+    @property
+    def engine_load(self) -> dict[str, float]:
+        """The latest scraped figures as a mapping ({} before the first scrape)."""
+        return self.stats.figures() if self.stats is not None else {}
+
+    @property
+    def scraped_at(self) -> float:
+        return self.stats.at if self.stats is not None else 0.0
 
     @property
     def ejected_until(self) -> float:

@@ -9,7 +9,7 @@ not configured), and passive ejection by each backend's circuit breaker
 
 Load: each engine's load endpoint is scraped every ``routing.scrape_interval_s``
 (``scrape.py``: Prometheus text or trtllm-serve's iteration statistics) into
-``Backend.engine_load``, one loop per backend so that a slow endpoint (trtllm-serve's
+``Backend.stats`` (``stats.EngineStats``), one loop per backend so that a slow endpoint (trtllm-serve's
 ``/metrics`` answers late while the engine is busy) delays no other backend's figures;
 ``router.least_loaded.load`` turns them into the normalised load the policies rank by.
 
@@ -42,6 +42,7 @@ from . import scrape
 from .admission import ProfileFilter, Slots
 from .backend import Backend
 from .breaker import CircuitBreaker
+from .stats import FIGURES, EngineStats
 from .transport import TransportFactory
 from .router import get_policy
 from .router.least_loaded import load
@@ -165,10 +166,8 @@ class Pool:
         figures = await scrape.scrape(b, timeout_s=max(0.2, 2 * self.cfg.routing.scrape_interval_s))
         if figures is not None:
             # the gateway's in-flight count now: requests sent/finished after this shift the figure
-            figures["inflight_at_scrape"] = float(b.inflight)
-            b.engine_load = figures
-            b.scraped_at = time.monotonic()
-            for k in ("running", "waiting", "kv_usage", "prefix_hits", "prefix_queries"):
+            b.stats = EngineStats.from_figures(figures, b.inflight, time.monotonic())
+            for k in FIGURES:
                 if k in figures:
                     metrics.ENGINE_METRIC.labels(b.name, k).set(figures[k])
         metrics.BACKEND_LOAD.labels(b.name).set(load(b))

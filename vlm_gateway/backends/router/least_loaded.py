@@ -28,11 +28,11 @@ def load(b) -> float:
     cap = b.capacity or DEFAULT_CAPACITY
     seqs = float(b.inflight)
     kv = 0.0
-    el = b.engine_load
-    if el and time.monotonic() - b.scraped_at <= STALE_S:
-        engine = el.get("running", 0.0) + el.get("waiting", 0.0)
-        seqs = max(seqs, engine + b.inflight - el.get("inflight_at_scrape", 0.0))
-        kv = el.get("kv_usage", 0.0)
+    st = b.stats
+    if st is not None and time.monotonic() - st.at <= STALE_S:
+        engine = (st.running or 0.0) + (st.waiting or 0.0)
+        seqs = max(seqs, engine + b.inflight - st.inflight_at_scrape)
+        kv = st.kv_usage or 0.0
     return max(seqs / cap, kv)
 
 
