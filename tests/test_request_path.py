@@ -181,9 +181,10 @@ def test_a_full_backend_queues_the_next_request_until_a_slot_frees():
             await asyncio.sleep(0)
         assert metric("vlm_gateway_queue_depth") == 1 and not second.done()
         hold.set()                                            # the first answers: its slot frees
-        (s1, _, b1), (s2, _, b2) = await first, await second
+        (s1, _, body1), (s2, _, body2) = await first, await second
         assert (s1, s2) == (200, 200)
-        assert orjson.loads(b2)["choices"][0]["message"]["content"] == "second"
+        assert orjson.loads(body1)["choices"][0]["message"]["content"] == "first"
+        assert orjson.loads(body2)["choices"][0]["message"]["content"] == "second"
         assert gw.pool.backends[0].inflight == 0 and len(gw.pool.slots) == 0
     run(go, config(1, slots=1, queue_timeout_s=5), up)
 

@@ -30,7 +30,6 @@ Only this module imports litellm; the gateway core never does.
 from __future__ import annotations
 
 import asyncio
-import binascii
 import hashlib
 import os
 import threading
@@ -39,9 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import litellm
-import pybase64
 from litellm.integrations.custom_logger import CustomLogger
 
+from .. import data_uri
 from ..config import GatewayConfig, ImagesConfig, load_config
 from ..stages.images import Policy, rewrite_bytes
 from ..stages.images.decode import ImageError
@@ -147,13 +146,12 @@ class ImageRewriteHook(CustomLogger):
             return  # http(s) URLs: the engine fetches them
         detail = iu.get("detail") if isinstance(iu, dict) else None
         policy = self.policy_for(model, detail)
-        head, sep, b64 = url.partition(",")
-        if not sep or ";base64" not in head.lower():
+        if not data_uri.is_base64(url):
             raise litellm.BadRequestError("image_url data URI must be base64-encoded", model=model,
                                           llm_provider="vlm-gateway")
         try:
-            raw = pybase64.b64decode("".join(b64.split()), validate=True)
-        except (binascii.Error, ValueError):
+            raw = data_uri.decode(url)
+        except data_uri.DataUriError:
             raise litellm.BadRequestError("image_url data URI is not valid base64", model=model,
                                           llm_provider="vlm-gateway") from None
         key = hashlib.sha256(raw).hexdigest() + "|" + policy.key

@@ -18,7 +18,6 @@ admin key is, /ui is disabled: the status view would show every tenant's traffic
 from __future__ import annotations
 
 import asyncio
-import binascii
 import hashlib
 import hmac
 import re
@@ -27,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import pybase64
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -35,6 +33,7 @@ from starlette.staticfiles import StaticFiles
 
 from .. import metrics
 from ..config import GatewayConfig
+from ..data_uri import DataUriError, decode as data_uri_decode
 from ..stages.images.stage import PLAN, ImageRewriter
 from ..vision_tokens import visual_tokens
 from . import recent
@@ -111,10 +110,9 @@ def _decode_data_uri(value: Any) -> tuple[bytes, str]:
     if not isinstance(value, str) or not _DATA_URI.match(value):
         raise BadRequest("'image' must be a base64 data URI (data:image/...;base64,...)",
                          param="image", code="invalid_type")
-    head, _, b64 = value.partition(",")
     try:
-        return pybase64.b64decode("".join(b64.split()), validate=True), value
-    except (binascii.Error, ValueError):
+        return data_uri_decode(value), value
+    except DataUriError:
         raise BadRequest("'image' is not valid base64", param="image", code="invalid_image") from None
 
 

@@ -12,17 +12,16 @@ APIs' (ui.py).
 
 from __future__ import annotations
 
-import binascii
 import re
 import time
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import pybase64
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .. import data_uri
 from ..config import GatewayConfig
 from ..stages.images.media import MediaStage
 from ..stages.video.stage import engine_frames
@@ -63,8 +62,8 @@ def _video_bytes(value: Any) -> bytes:
         raise BadRequest("'video' must be a base64 data URI (data:video/...;base64,...)", param="video",
                          code="invalid_type")
     try:
-        return pybase64.b64decode("".join(value.partition(",")[2].split()), validate=True)
-    except (binascii.Error, ValueError):
+        return data_uri.decode(value)
+    except data_uri.DataUriError:
         raise BadRequest("'video' is not valid base64", param="video", code="invalid_video") from None
 
 

@@ -18,16 +18,14 @@ uses the remembered identity only on 304; it is cleared by the admin cache flush
 
 from __future__ import annotations
 
-import binascii
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import unquote_to_bytes
 
 import orjson
-import pybase64
 
+from ... import data_uri
 from ...hashing import content_hash
 from ...core.errors import BadRequest
 from .decode import Header, ImageError
@@ -50,34 +48,22 @@ class MediaError(ImageError):
 
 
 def decode_data_uri(url: str) -> bytes:
-    """Bytes of a ``data:`` URI; base64 may contain whitespace/newlines."""
-    head, sep, payload = url.partition(",")
-    if not sep:
-        raise ImageError("the data: URI has no ',' separating the header from the data", "invalid_image_data")
-    if head.lower().endswith(";base64"):
-        return decode_base64(payload)
-    return unquote_to_bytes(payload)
+    """Bytes of a ``data:`` URI (``data_uri.decode``), errors as ``ImageError``."""
+    try:
+        return data_uri.decode(url)
+    except data_uri.DataUriError as e:
+        raise ImageError(str(e), e.code) from None
 
 
 def decode_base64(payload: str) -> bytes:
     try:
-        return pybase64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        pass
-    cleaned = "".join(payload.split())
-    try:
-        return pybase64.b64decode(cleaned + "=" * (-len(cleaned) % 4), validate=True)
-    except (binascii.Error, ValueError):
-        raise ImageError("the data: URI is not valid base64", "invalid_image_base64") from None
+        return data_uri.decode_base64(payload)
+    except data_uri.DataUriError as e:
+        raise ImageError(str(e), e.code) from None
 
 
-def payload_bytes(url: str) -> int:
-    """Decoded size of a ``data:`` URI's payload, from its length (no decoding)."""
-    comma = url.find(",")
-    if comma < 0:
-        return 0
-    n = len(url) - comma - 1
-    return n * 3 // 4 if ";base64" in url[:comma].lower() else n
+payload_bytes = data_uri.payload_bytes
+
 
 
 def inline_size(part: "MediaPart") -> int:
