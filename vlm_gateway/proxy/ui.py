@@ -18,8 +18,6 @@ admin key is, /ui is disabled: the status view would show every tenant's traffic
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import re
 import time
 from pathlib import Path
@@ -34,11 +32,12 @@ from starlette.staticfiles import StaticFiles
 from .. import metrics
 from ..config import GatewayConfig
 from ..data_uri import DataUriError, decode as data_uri_decode
+from ..stages.auth import check_admin
 from ..stages.images.stage import PLAN, ImageRewriter
 from ..vision_tokens import visual_tokens
 from . import recent
 from .body import read_json_body
-from ..core.errors import BadRequest, GatewayError, NotFound, Unauthorized
+from ..core.errors import BadRequest, GatewayError, NotFound
 from ..core.request import ChatRequest, ImagePart
 
 if TYPE_CHECKING:
@@ -62,24 +61,10 @@ def _gateway(request: Request) -> "Gateway":
     return request.app.state.gateway
 
 
-def _check_key(cfg: GatewayConfig, request: Request) -> None:
-    want = cfg.auth.admin_key_sha256
-    if not want:
-        return
-    auth = request.headers.get("authorization", "")
-    key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-    if not key:
-        raise Unauthorized("The /ui APIs need the admin key as 'Authorization: Bearer <key>'",
-                           code="missing_api_key")
-    got = hashlib.sha256(key.encode()).hexdigest()
-    if not hmac.compare_digest(got, want.lower()):
-        raise Unauthorized("The key is not the admin key", code="invalid_api_key")
-
-
 def _guarded(cfg: GatewayConfig, handler):
     async def endpoint(request: Request) -> Response:
         try:
-            _check_key(cfg, request)
+            check_admin(cfg.auth, request.headers, "/ui APIs", open_without_key=True)
             return await handler(request)
         except GatewayError as e:
             return _error(e)

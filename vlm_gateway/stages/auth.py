@@ -74,21 +74,24 @@ def scope_of(t: TenantConfig) -> str:
     return f"scope:{t.cache_scope}" if t.cache_scope else f"tenant:{t.name}"
 
 
-def check_admin(auth: AuthConfig, headers) -> None:
-    """The one admin check (``/admin/*``, ``/metrics`` and ``/ui`` when protected): 403 when
-    no admin key is configured (there is none to send), else 401 without a key and 403
-    with another key."""
+def check_admin(auth: AuthConfig, headers, what: str = "admin endpoints", open_without_key: bool = False) -> None:
+    """The one admin check (``/admin/*`` and the ``/ui`` APIs): 401 without a key, 403
+    with a key that is not the admin key. Without a configured admin key: 403 (there is
+    none to send), or no check at all where ``open_without_key`` (the /ui APIs, which are
+    then served only while API keys are off: ``proxy/app.ui_served``)."""
     digest = auth.admin_key_sha256
     if not digest:
-        raise Forbidden("The admin endpoints are off: no admin key is configured (auth.admin_key_sha256)",
+        if open_without_key:
+            return
+        raise Forbidden(f"The {what} are off: no admin key is configured (auth.admin_key_sha256)",
                         code="admin_disabled", reason="admin_disabled")
     key = bearer(headers)
     if key is None:
-        raise Unauthorized("Missing admin key: send it as 'Authorization: Bearer <key>'",
+        raise Unauthorized(f"The {what} need the admin key: send it as 'Authorization: Bearer <key>'",
                            code="missing_api_key", reason="missing_api_key")
     if not hmac.compare_digest(bytes.fromhex(digest.lower()),
-                                             hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()):
-        raise Forbidden("This key may not use admin endpoints", code="admin_key_required",
+                               hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()):
+        raise Forbidden(f"This key may not use the {what}", code="admin_key_required",
                         reason="admin_key_required")
 
 
