@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING, Callable
 
 import orjson
 
 from .. import metrics
-from ..backends.backend import CHOSEN
 from ..core.errors import GatewayError
 from ..core.stage import Reply
 from ..stages.chain import Chain
@@ -20,6 +18,7 @@ from . import recent
 from .body import read_json_body
 from .relay import Responder
 from .sse import fresh_ids, replay
+from .summary import backend_name, overhead_s
 
 if TYPE_CHECKING:
     from .gateway import Gateway
@@ -51,11 +50,10 @@ def error_headers(err: GatewayError, request_id: str | None,
     h = [(b"content-type", b"application/json")]
     if request_id:
         h.append((b"x-request-id", request_id.encode()))
-    b = req.state.get(CHOSEN) if req is not None else None
-    h.append((b"x-vlm-gateway-backend", b.name.encode() if b is not None else b"none"))
+    b = backend_name(req) if req is not None else None
+    h.append((b"x-vlm-gateway-backend", b.encode() if b is not None else b"none"))
     if req is not None:
-        overhead = (time.perf_counter() - req.t_start - req.upstream_s) * 1000.0
-        h.append((b"x-vlm-gateway-overhead-ms", b"%.3f" % overhead))
+        h.append((b"x-vlm-gateway-overhead-ms", b"%.3f" % (overhead_s(req) * 1000.0)))
     merged = {k.lower(): v for k, v in (req.response_headers.items() if req is not None else ())}
     merged.update({k.lower(): v for k, v in err.headers.items()})
     h += [(k.encode(), v.encode()) for k, v in merged.items()]
@@ -124,8 +122,7 @@ class CompletionEndpoint:
             state["status"] = status
             metrics.REQUESTS.labels(self.route, model, str(status)).inc()
             if req is not None:
-                metrics.OVERHEAD.labels(self.route).observe(
-                    max(0.0, time.perf_counter() - req.t_start - req.upstream_s))
+                metrics.OVERHEAD.labels(self.route).observe(overhead_s(req))
             recent.record(self.route, req, status)
 
     async def _reply(self, gw: "Gateway", req: "ChatRequest", reply: Reply, out: Responder) -> None:

@@ -4,8 +4,7 @@ One instance per worker process, created in the app's lifespan."""
 from __future__ import annotations
 
 import logging
-import time
-from ..backends.backend import CHOSEN, Backend
+from ..backends.backend import Backend
 from ..backends.pool import Pool
 from ..backends.profiles import load_profiles
 from ..backends.transport import TransportFactory
@@ -15,6 +14,7 @@ from ..core.request import ChatRequest
 from ..stages.auth import Auth, KeyTable
 from ..stages.chain import Chain
 from .relay import Relay
+from .summary import backend_name, overhead_s
 
 log = logging.getLogger("vlm_gateway")
 
@@ -52,11 +52,10 @@ class Gateway:
 
     @staticmethod
     def response_headers(req: ChatRequest, content_type: bytes) -> list[tuple[bytes, bytes]]:
-        overhead = (time.perf_counter() - req.t_start - req.upstream_s) * 1000.0
-        b = req.state.get(CHOSEN)
+        b = backend_name(req)
         h = [(b"content-type", content_type),
-             (b"x-vlm-gateway-overhead-ms", b"%.3f" % overhead),
-             (b"x-vlm-gateway-backend", b.name.encode() if b is not None else b"none"),
+             (b"x-vlm-gateway-overhead-ms", b"%.3f" % (overhead_s(req) * 1000.0)),
+             (b"x-vlm-gateway-backend", b.encode() if b is not None else b"none"),
              (b"x-request-id", req.request_id.encode())]
         if content_type == b"text/event-stream":
             h += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
