@@ -53,6 +53,7 @@ class ResponseCache(Stage):
         if not self.cfg.semantic:
             return
         try:
+            import faiss  # noqa: F401 - the semantic extra; large partitions are indexed with it
             from .embedder import shared_embedder
             from .semantic import SemanticCache
             loop = asyncio.get_running_loop()
