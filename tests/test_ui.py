@@ -149,7 +149,7 @@ def test_ui_apis_need_the_admin_key(servers):
 
 def test_rewrite_video_api_reports_before_and_after(open_gw):
     pytest.importorskip("av")
-    from vlm_gateway.stages.video import corpus
+    import video_corpus as corpus
     _, gw = open_gw
     data, times = corpus.screen_recording(12, 640, 360, 10, seed=5)
     src = "data:video/mp4;base64," + base64.b64encode(data).decode()
