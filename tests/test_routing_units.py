@@ -252,10 +252,13 @@ def test_prefix_keys_chain_across_turns_and_see_images():
 
 
 def test_prefix_map_is_bounded_and_expires():
-    m = PrefixMap(ttl_s=10, max_entries=3)
-    m.put_many([b"a", b"b", b"c", b"d"], "x", now=0)
-    assert len(m) == 3 and m.get(b"a", 1) is None and m.get(b"d", 1) == "x"
-    assert m.get(b"d", 11) is None
+    now = [0.0]
+    m = PrefixMap(ttl_s=10, max_entries=3, clock=lambda: now[0])
+    m.put_many([b"a", b"b", b"c", b"d"], "x")
+    now[0] = 1
+    assert len(m) == 3 and m.get(b"a") is None and m.get(b"d") == "x"
+    now[0] = 11
+    assert m.get(b"d") is None
 
 
 def test_affinity_follows_prefix_unless_overloaded_or_weak():

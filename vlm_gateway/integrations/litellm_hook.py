@@ -33,7 +33,6 @@ import asyncio
 import hashlib
 import os
 import threading
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -42,6 +41,7 @@ from litellm.integrations.custom_logger import CustomLogger
 
 from .. import data_uri
 from ..config import GatewayConfig, ImagesConfig, load_config
+from ..lru import LRU
 from ..stages.images import Policy, rewrite_bytes
 from ..stages.images.decode import ImageError
 from ..stages.images.policy import resolve
@@ -54,31 +54,16 @@ class _Lru:
     """Rewritten data URIs by (source hash, policy), bounded by bytes; thread-safe."""
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.size = 0
-        self.items: OrderedDict[str, tuple[str, int, int]] = OrderedDict()
+        self.lru: LRU[str, tuple[str, int, int]] = LRU(max_bytes=max_bytes or 1, size=lambda v: len(v[0]))
         self.lock = threading.Lock()
 
     def get(self, key: str):
         with self.lock:
-            v = self.items.get(key)
-            if v is not None:
-                self.items.move_to_end(key)
-            return v
+            return self.lru.get(key)
 
     def put(self, key: str, value: tuple[str, int, int]) -> None:
-        n = len(value[0])
-        if n > self.max_bytes:
-            return
         with self.lock:
-            old = self.items.pop(key, None)
-            if old is not None:
-                self.size -= len(old[0])
-            self.items[key] = value
-            self.size += n
-            while self.size > self.max_bytes:
-                _, v = self.items.popitem(last=False)
-                self.size -= len(v[0])
+            self.lru.put(key, value)
 
 
 def _load(config: GatewayConfig | ImagesConfig | dict | str | None) -> ImagesConfig:

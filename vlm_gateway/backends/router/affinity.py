@@ -44,14 +44,14 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
-from collections import OrderedDict
 
 import orjson
 
 from ... import metrics
 from ...core.state import Slot
 from ...hashing import content_digest, hasher
+from ...core.clock import Clock, monotonic
+from ...lru import LRU
 from ...vision_tokens import MARKER_TOKENS, estimate_text_tokens, visual_tokens
 from . import register
 from .least_loaded import DEFAULT_CAPACITY, LeastLoaded, load
@@ -176,36 +176,24 @@ def home(root: bytes, candidates):
 
 
 class PrefixMap:
-    """Bounded LRU of prefix key -> (backend name, expiry)."""
+    """Bounded LRU of prefix key -> backend name, each entry for ``ttl_s``."""
 
-    def __init__(self, ttl_s: float, max_entries: int) -> None:
+    def __init__(self, ttl_s: float, max_entries: int, clock: Clock = monotonic) -> None:
         self.ttl = ttl_s
-        self.max = max(1, max_entries)
-        self._map: OrderedDict[bytes, tuple[str, float]] = OrderedDict()
+        self._map: LRU[bytes, str] = LRU(max(1, max_entries), ttl_s=ttl_s, clock=clock)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._map)
 
-    def get(self, key: bytes, now: float) -> str | None:
-        hit = self._map.get(key)
-        if hit is None:
-            return None
-        if hit[1] < now:
-            with self._lock:
-                self._map.pop(key, None)
-            return None
-        return hit[0]
-
-    def put_many(self, keys, name: str, now: float) -> None:
-        exp = now + self.ttl
+    def get(self, key: bytes) -> str | None:
         with self._lock:
-            m = self._map
+            return self._map.get(key, touch=False)
+
+    def put_many(self, keys, name: str) -> None:
+        with self._lock:
             for k in keys:
-                m[k] = (name, exp)
-                m.move_to_end(k)
-            while len(m) > self.max:
-                m.popitem(last=False)
+                self._map.put(k, name)
 
 
 class PrefixAffinity(LeastLoaded):
@@ -225,9 +213,8 @@ class PrefixAffinity(LeastLoaded):
         """(backend holding the longest known prefix, fraction of the prompt it covers)."""
         keys, total = prefix_keys(req, self.include_images)
         by_name = {b.name: b for b in candidates}
-        now = time.monotonic()
         for key, tokens in reversed(keys):
-            name = self.map.get(key, now)
+            name = self.map.get(key)
             if name is not None:
                 b = by_name.get(name)
                 if b is not None:
@@ -252,7 +239,7 @@ class PrefixAffinity(LeastLoaded):
 
     def served(self, req, backend) -> None:
         keys, _ = prefix_keys(req, self.include_images)
-        self.map.put_many([k for k, _ in keys[-MAX_KEYS_PER_REQUEST:]], backend.name, time.monotonic())
+        self.map.put_many([k for k, _ in keys[-MAX_KEYS_PER_REQUEST:]], backend.name)
 
 
 @register("affinity")

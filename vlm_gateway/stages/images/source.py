@@ -18,8 +18,6 @@ uses the remembered identity only on 304; it is cleared by the admin cache flush
 
 from __future__ import annotations
 
-import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +25,7 @@ import orjson
 
 from ... import data_uri
 from ...hashing import content_hash
+from ...lru import LRU
 from ...core.errors import BadRequest
 from .decode import Header, ImageError
 from .fetch import Fetched, Fetcher, FetchError, FetchPolicy, check_address
@@ -95,39 +94,27 @@ class UrlMemo:
 
     def __init__(self, ttl_s: float, max_entries: int = 10_000) -> None:
         self.ttl_s = ttl_s
-        self.max_entries = max_entries
-        self._d: OrderedDict[str, tuple[float, str, str, Header | None, int]] = OrderedDict()
+        self._d: LRU[str, tuple[str, str, Header | None, int]] = LRU(max_entries, ttl_s=ttl_s)
 
     def __len__(self) -> int:
         return len(self._d)
 
     def get(self, url: str) -> tuple[str, str, Header | None, int] | None:
-        e = self._d.get(url)
-        if e is None:
-            return None
-        if e[0] < time.monotonic():
-            self._d.pop(url, None)
-            return None
-        return e[1], e[2], e[3], e[4]
+        return self._d.get(url)
 
     def put(self, url: str, etag: str, h: str, header: Header | None, size: int) -> None:
         if self.ttl_s <= 0:
             return
         if not etag:
-            self._d.pop(url, None)
+            self._d.pop(url)
             return
-        self._d[url] = (time.monotonic() + self.ttl_s, etag, h, header, size)
-        self._d.move_to_end(url)
-        while len(self._d) > self.max_entries:
-            self._d.popitem(last=False)
+        self._d.put(url, (etag, h, header, size))
 
     def forget(self, url: str) -> None:
-        self._d.pop(url, None)
+        self._d.pop(url)
 
     def flush(self) -> int:
-        n = len(self._d)
-        self._d.clear()
-        return n
+        return self._d.clear()
 
 
 class MediaSources:
