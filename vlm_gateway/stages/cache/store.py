@@ -2,9 +2,9 @@
 
 ``LocalStore``: in-process LRU bounded by bytes, with a TTL per entry.
 ``RedisStore``: shared by every replica; each call is bounded by a timeout and a
-failure or timeout counts as a miss. After a failure Redis is skipped for
-``retry_s`` so that a down Redis costs one timeout per interval, not one per
-request.
+failure or timeout counts as a miss and starts the back-off (``backoff.py``:
+Redis is skipped for ``retry_s``, so a down Redis costs one timeout per interval,
+not one per request).
 ``TieredStore``: local first, then Redis (a Redis hit is copied into the local
 LRU with its remaining lifetime); writes go to both.
 
@@ -20,6 +20,8 @@ from collections import OrderedDict
 from typing import Any
 
 import orjson
+
+from ...backoff import Backoff
 
 log = logging.getLogger("vlm_gateway.cache")
 
@@ -71,19 +73,18 @@ class RedisStore:
         self.prefix = prefix
         # No client-side retries: the timeout is the whole budget of a lookup.
         self.client = async_client(url, timeout_s, retry=Retry(NoBackoff(), 0), health_check_interval=0)
-        self._down_until = 0.0
-        self.failures = 0
+        self.backoff = Backoff("L3 cache", retry_s)
 
     @property
     def available(self) -> bool:
-        return time.monotonic() >= self._down_until
+        return self.backoff.up()
+
+    @property
+    def failures(self) -> int:
+        return self.backoff.failures
 
     def _failed(self, what: str, e: BaseException) -> None:
-        self.failures += 1
-        if self.available:
-            log.warning("L3 cache: Redis %s failed (%s); treating as a miss for %.1fs",
-                        what, type(e).__name__, self.retry_s)
-        self._down_until = time.monotonic() + self.retry_s
+        self.backoff.failed(e, f"treating {what}s as misses")
 
     async def _call(self, what: str, coro) -> Any:
         try:

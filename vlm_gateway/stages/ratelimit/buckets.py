@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 
 from ... import metrics
+from ...backoff import Backoff
 from ...core.clock import Clock, monotonic
 
 log = logging.getLogger("vlm_gateway.ratelimit")
@@ -154,8 +154,8 @@ class RedisUnavailable(Exception):
 
 class RedisStore:
     """Shared buckets in Redis. Any Redis failure raises ``RedisUnavailable`` and
-    marks Redis down for ``retry_s`` so that a dead Redis costs one failed call,
-    not one per request."""
+    starts the back-off (``backoff.py``: Redis skipped for ``retry_s``), so that a
+    dead Redis costs one failed call, not one per request."""
 
     def __init__(self, url: str, max_age_s: float = LEASE_S, timeout_s: float = 0.25, retry_s: float = 1.0) -> None:
         from ...redis_clients import async_client
@@ -163,12 +163,11 @@ class RedisStore:
         self._take = self.client.register_script(TAKE_LUA)
         self._acquire = self.client.register_script(ACQUIRE_LUA)
         self.max_age_ms = int(max_age_s * 1000)
-        self.retry_s = retry_s
-        self.down_until = 0.0
+        self.backoff = Backoff("rate limits", retry_s)
 
     @property
     def up(self) -> bool:
-        return time.monotonic() >= self.down_until
+        return self.backoff.up()
 
     async def _call(self, coro_fn):
         import redis.exceptions as rexc
@@ -177,11 +176,8 @@ class RedisStore:
         try:
             return await coro_fn()
         except (rexc.RedisError, OSError, TimeoutError) as e:
-            if self.up:
-                log.warning("Redis unavailable for rate limits (%s); using in-process limits for %.0fs",
-                            type(e).__name__, self.retry_s)
+            self.backoff.failed(e, "using in-process limits")
             metrics.RATELIMIT_FALLBACKS.inc()
-            self.down_until = time.monotonic() + self.retry_s
             raise RedisUnavailable from None
 
     async def take(self, checks: list[Check]) -> Outcome:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, fields
 import orjson
 
 from ... import metrics
+from ...backoff import Backoff
 
 log = logging.getLogger("vlm_gateway.video")
 
@@ -77,7 +78,7 @@ class VideoL1:
         self.bytes = 0
         self._lru: OrderedDict[str, VideoEntry] = OrderedDict()
         self._redis = None
-        self._warned = False
+        self.backoff = Backoff("L1 video cache")
         if redis_url:
             from ...redis_clients import async_client
             self._redis = async_client(redis_url, timeout_s)
@@ -102,7 +103,7 @@ class VideoL1:
         e = self._lru.get(key)
         if e is not None:
             self._lru.move_to_end(key)
-        elif self._redis is not None:
+        elif self._redis is not None and self.backoff.up():
             try:
                 blob = await self._redis.get(_PREFIX + key)
             except Exception as err:  # noqa: BLE001 - a miss, never an error
@@ -121,7 +122,7 @@ class VideoL1:
 
     async def put(self, key: str, e: VideoEntry) -> None:
         self._put_local(key, e)
-        if self._redis is not None:
+        if self._redis is not None and self.backoff.up():
             try:
                 await self._redis.set(_PREFIX + key, pack(e), ex=self.ttl_s)
             except Exception as err:  # noqa: BLE001
@@ -142,9 +143,7 @@ class VideoL1:
         return n
 
     def _warn(self, err: Exception) -> None:
-        if not self._warned:
-            self._warned = True
-            log.warning("L1 video cache: Redis tier unavailable (%s); using the in-process tier only", err)
+        self.backoff.failed(err, "using the in-process tier only")
 
     async def close(self) -> None:
         if self._redis is not None:
