@@ -28,7 +28,7 @@ def metric(name: str, **labels) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def config(n: int = 2, **routing):
+def config(n: int = 2, cache: bool = False, **routing):
     backends = [{"url": f"http://127.0.0.1:{9 + i}/v1", "name": f"b{i}", "models": ["m"]} for i in range(n)]
     profiles = {}
     if "slots" in routing:
@@ -36,7 +36,7 @@ def config(n: int = 2, **routing):
         for b in backends:
             b["profile"] = "one"
     return load_config(None, environ={}, overrides={
-        "backends": backends, "profiles": profiles, "cache": {"enabled": False},
+        "backends": backends, "profiles": profiles, "cache": {"enabled": cache, "mode": "always"},
         "routing": {"policy": "round_robin", "health_interval_s": 3600, **routing}})
 
 
@@ -59,7 +59,8 @@ class Upstream:
 
 
 async def call(gw: Gateway, stream: bool = False) -> tuple[int, dict[str, str], bytes]:
-    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream,
+                        **({"stream_options": {"include_usage": True}} if stream else {})})
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "state": {},
              "headers": [(b"content-type", b"application/json")]}
     got = asyncio.Event()
@@ -124,6 +125,35 @@ def test_a_4xx_from_the_engine_is_not_retried():
         return await call(gw)
     status, _, _ = run(go, config(1), up)
     assert status == 400 and up.sent == ["b0"]
+
+
+def _sse(*texts: str) -> list[bytes]:
+    chunks = [b"data: " + orjson.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                                        "choices": [{"index": 0, "delta": {"content": t}, "finish_reason": None}]})
+              + b"\n\n" for t in texts]
+    end = orjson.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": len(texts), "total_tokens": 3 + len(texts)}})
+    return chunks + [b"data: " + end + b"\n\n", b"data: [DONE]\n\n"]
+
+
+def test_a_stream_is_relayed_and_its_assembled_answer_fills_the_response_cache():
+    up = Upstream(b0=[Answer(content_type="text/event-stream", chunks=_sse("Hel", "lo"))])
+
+    async def go(gw):
+        status, headers, body = await call(gw, stream=True)
+        assert status == 200 and headers["x-vlm-gateway-cache"] == "miss"
+        text = "".join(orjson.loads(line[6:])["choices"][0]["delta"].get("content", "")
+                       for line in body.decode().split("\n") if line.startswith("data: {") and
+                       orjson.loads(line[6:])["choices"])
+        assert text == "Hello" and body.endswith(b"data: [DONE]\n\n")
+        await gw.chain.stages[-1].drain()       # the L3 write runs in the background
+        status, headers, body = await call(gw)  # the same question, not streamed: from L3
+        assert status == 200 and headers["x-vlm-gateway-cache"] == "hit-exact"
+        assert headers["x-vlm-gateway-backend"] == "none"
+        assert orjson.loads(body)["choices"][0]["message"]["content"] == "Hello"
+        assert up.sent == ["b0"]
+    run(go, config(1, cache=True), up)
 
 
 # -- circuit breaker ------------------------------------------------------------------------------
