@@ -16,49 +16,41 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from typing import Any
 
 import orjson
 
 from ...backoff import Backoff
+from ...lru import LRU
 
 log = logging.getLogger("vlm_gateway.cache")
 
 
 class LocalStore:
+    """Completions by key in the one bounded map (``lru.py``), by bytes; each entry until
+    its wall-clock expiry (shared with Redis, so an epoch time)."""
+
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.bytes = 0
-        self._d: OrderedDict[str, tuple[float, int, dict]] = OrderedDict()
+        self._d: LRU[str, tuple[int, dict]] = LRU(max_bytes=max(1, max_bytes), size=lambda v: v[0], clock=time.time)
 
     def __len__(self) -> int:
         return len(self._d)
 
+    @property
+    def bytes(self) -> int:
+        return self._d.bytes
+
     def get(self, key: str) -> dict | None:
         item = self._d.get(key)
-        if item is None:
-            return None
-        expires, size, completion = item
-        if expires <= time.time():
-            self._drop(key)
-            return None
-        self._d.move_to_end(key)
-        return completion
+        return item[1] if item is not None else None
 
     def put(self, key: str, completion: dict, size: int, expires: float) -> None:
-        if size > self.max_bytes:
+        ttl = expires - time.time()
+        if ttl <= 0:
+            self._d.pop(key)
             return
-        if key in self._d:
-            self._drop(key)
-        self._d[key] = (expires, size, completion)
-        self.bytes += size
-        while self.bytes > self.max_bytes and self._d:
-            self._drop(next(iter(self._d)))
-
-    def _drop(self, key: str) -> None:
-        _, size, _ = self._d.pop(key)
-        self.bytes -= size
+        self._d.put(key, (size, completion), ttl_s=ttl)
 
 
 class RedisStore:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections import OrderedDict
 from dataclasses import asdict, dataclass, fields
 
 import orjson
 
 from ... import metrics
 from ...backoff import Backoff
+from ...lru import LRU
 
 log = logging.getLogger("vlm_gateway.video")
 
@@ -75,8 +75,7 @@ class VideoL1:
     def __init__(self, max_bytes: int, redis_url: str = "", ttl_s: int = 3600, timeout_s: float = 0.05) -> None:
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
-        self.bytes = 0
-        self._lru: OrderedDict[str, VideoEntry] = OrderedDict()
+        self._lru: LRU[str, VideoEntry] = LRU(max_bytes=max(1, max_bytes), size=lambda e: e.size)
         self._redis = None
         self.backoff = Backoff("L1 video cache")
         if redis_url:
@@ -86,24 +85,17 @@ class VideoL1:
     def __len__(self) -> int:
         return len(self._lru)
 
+    @property
+    def bytes(self) -> int:
+        return self._lru.bytes
+
     def _put_local(self, key: str, e: VideoEntry) -> None:
-        if e.size > self.max_bytes:
-            return
-        old = self._lru.pop(key, None)
-        if old is not None:
-            self.bytes -= old.size
-        self._lru[key] = e
-        self.bytes += e.size
-        while self.bytes > self.max_bytes and self._lru:
-            _, ev = self._lru.popitem(last=False)
-            self.bytes -= ev.size
+        self._lru.put(key, e)
 
     async def get(self, key: str) -> VideoEntry | None:
         metrics.CACHE_LOOKUPS.labels(LEVEL).inc()
         e = self._lru.get(key)
-        if e is not None:
-            self._lru.move_to_end(key)
-        elif self._redis is not None and self.backoff.up():
+        if e is None and self._redis is not None and self.backoff.up():
             try:
                 blob = await self._redis.get(_PREFIX + key)
             except Exception as err:  # noqa: BLE001 - a miss, never an error
@@ -130,9 +122,7 @@ class VideoL1:
 
     async def flush(self) -> int:
         """Drop every rewritten video (this process, and the shared Redis tier)."""
-        n = len(self._lru)
-        self._lru.clear()
-        self.bytes = 0
+        n = self._lru.clear()
         if self._redis is not None:
             try:
                 keys = [k async for k in self._redis.scan_iter(_PREFIX + "*", count=1000)]
