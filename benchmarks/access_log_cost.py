@@ -17,7 +17,9 @@ import time
 
 from vlm_gateway.logs import JsonFormatter, TextFormatter
 from vlm_gateway.proxy.asgi.access_log import AccessLogMiddleware
+from vlm_gateway.backends.backend import CHOSEN
 from vlm_gateway.core.request import ImagePart, parse_chat
+from vlm_gateway.proxy.relay import USAGE
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
 RAW = (b'{"model":"qwen3vl-sim","max_tokens":8,"messages":[{"role":"user","content":[{"type":"text",'
@@ -30,7 +32,8 @@ class _B:
 
 async def endpoint(scope, receive, send):
     req = parse_chat(RAW, {}, scope["state"].get("request_id"))
-    req.state.update(backend=_B(), usage={"prompt_tokens": 120, "completion_tokens": 8})
+    req.state[CHOSEN] = _B()
+    req.state[USAGE] = {"prompt_tokens": 120, "completion_tokens": 8}
     req.images = [ImagePart(0, 1, {}, tokens_before=1900, tokens_after=480)]
     scope["state"].update(req=req, status=200)
     await send({"type": "http.response.start", "status": 200, "headers": []})

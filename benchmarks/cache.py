@@ -35,7 +35,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import orjson
@@ -89,13 +88,12 @@ async def _stage_bench(redis_url: str, n: int) -> dict:
                        ("redis only", GatewayConfig(redis_url=redis_url, cache=CacheConfig(max_bytes=0)))):
         if label == "redis only" and not redis_url:
             continue
-        gw = SimpleNamespace(cfg=cfg, closers=[])
-        cache = ResponseCache(gw)
+        cache = ResponseCache(cfg.cache, cfg.redis_url, cfg.redis_prefix)
         if cache.store.remote is not None:
             await cache.store.remote.flush()
         stored = make_req(body("What is the total on this receipt?"))
         await cache(stored)
-        await cache._on_complete(stored, COMPLETION)
+        await cache.on_complete(stored, COMPLETION)
         await cache.drain()
         cases = {
             "exact hit": body("What is the total on this receipt?"),

@@ -31,7 +31,7 @@ IMAGES = ["jpeg1080", "jpeg720", "png1080_margins", "png1080", "png1800", "jpeg1
 
 def make(name: str) -> bytes:
     import importlib.util  # this checkout's corpus, whichever package version is timed
-    spec = importlib.util.spec_from_file_location("corpus_now", ROOT / "vlm_gateway/stages/images/corpus.py")
+    spec = importlib.util.spec_from_file_location("corpus_now", ROOT / "tests/image_corpus.py")
     C = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(C)
     return {"jpeg1080": lambda: C.photo_jpeg(1920, 1080), "jpeg720": lambda: C.photo_jpeg(1280, 720),

@@ -33,9 +33,11 @@ from PIL import Image
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from vlm_gateway.stages.images import Policy, corpus as C  # noqa: E402
+import image_corpus as C  # noqa: E402
+
+from vlm_gateway.stages.images import Policy  # noqa: E402
 from vlm_gateway.stages.images.decode import probe  # noqa: E402
-from vlm_gateway.stages.images.quality import lanczos_reference, psnr  # noqa: E402
+from image_quality import lanczos_reference, psnr  # noqa: E402
 from vlm_gateway.stages.images.rewrite import rewrite  # noqa: E402
 from vlm_gateway.stages.images.source import content_hash  # noqa: E402
 

@@ -14,6 +14,9 @@ first time; it is never a dependency of the gateway. Pass --no-litellm to skip i
 
     python benchmarks/overhead.py                 # ~4 minutes, prints a table
     python benchmarks/overhead.py --duration 5 --no-litellm
+    python benchmarks/overhead.py --no-litellm --baseline /tmp/base   # before/after: a second
+        gateway ("vlm-gateway-base") runs the package found in /tmp/base (e.g. `git archive REV
+        vlm_gateway | tar -x -C /tmp/base`), measured cell after cell beside this checkout's
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -161,8 +165,10 @@ def main() -> None:
     ap.add_argument("--conc", default="1,32,64")
     ap.add_argument("--no-litellm", action="store_true")
     ap.add_argument("--no-stream", action="store_true")
-    ap.add_argument("--before", metavar="PATH", help="also a gateway from the package copy at PATH (e.g. "
-                    "`git archive <commit> vlm_gateway | tar -x -C PATH`), side by side with this one")
+    ap.add_argument("--rounds", type=int, default=1, help="measure each cell this many times, alternating the "
+                    "targets' order, and report the medians")
+    ap.add_argument("--baseline", "--before", default="", help="directory holding another vlm_gateway package to measure "
+                    "beside this one (before/after)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "overhead.json"))
     a = ap.parse_args()
     wrk = ensure_wrk()
@@ -182,15 +188,15 @@ def main() -> None:
         wait_url(f"http://127.0.0.1:{gw_port}/ready")
         targets["vlm-gateway"] = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
         pids = {"vlm-gateway": gw.pid}
-        if a.before:
-            bport = free_port()
-            gb = start([sys.executable, "-m", "vlm_gateway", "serve", "--port", str(bport), "--backend",
-                        f"http://127.0.0.1:{up_port}/v1"], 1, logfile=f"{tmp}/gateway-before.log",
-                       env={"VLM_GATEWAY_CACHE__ENABLED": "false", "PYTHONPATH": a.before})
-            procs.append(gb)
-            wait_url(f"http://127.0.0.1:{bport}/ready")
-            targets["vlm-gateway-before"] = f"http://127.0.0.1:{bport}/v1/chat/completions"
-            pids["vlm-gateway-before"] = gb.pid
+        if a.baseline:
+            base_port = free_port()
+            base = start([sys.executable, "-m", "vlm_gateway", "serve", "--port", str(base_port), "--backend",
+                          f"http://127.0.0.1:{up_port}/v1"], 1, logfile=f"{tmp}/gateway-base.log",
+                         env={"VLM_GATEWAY_CACHE__ENABLED": "false", "PYTHONPATH": a.baseline})
+            procs.append(base)
+            wait_url(f"http://127.0.0.1:{base_port}/ready")
+            targets["vlm-gateway-base"] = f"http://127.0.0.1:{base_port}/v1/chat/completions"
+            pids["vlm-gateway-base"] = base.pid
         if litellm_py:
             cfg = Path(tmp) / "litellm.yaml"
             cfg.write_text(f"model_list:\n  - model_name: bench-model\n    litellm_params:\n"
@@ -213,28 +219,51 @@ def main() -> None:
         concs = [int(c) for c in a.conc.split(",")]
         for pname, body in payloads.items():
             for conc in concs:
-                for name, url in targets.items():
-                    # warm-up, then the measured cell
-                    run_wrk(wrk, url, body, conc, 1, tmp)
-                    c0 = cpu_seconds(pids[name]) if name in pids else None
-                    r = run_wrk(wrk, url, body, conc, a.duration, tmp)
-                    if c0 is not None:
-                        r["cpu_ms_per_req"] = (cpu_seconds(pids[name]) - c0) * 1000 / max(1, r["requests"])
-                    r.update(target=name, payload=pname, conc=conc)
-                    results.append(r)
-                    log(f"{pname:6s} conc {conc:3d} {name:12s} p50 {r['p50_ms']:8.3f} ms  p99 {r['p99_ms']:8.3f} ms"
-                        f"  {r['rps']:9.1f} req/s  errors {r['errors']}"
-                        + (f"  cpu/req {r['cpu_ms_per_req']:.3f} ms" if "cpu_ms_per_req" in r else ""))
+                cells: dict[str, list[dict]] = {}
+                for rnd in range(a.rounds):
+                    # alternate the order each round, so that neither target always runs
+                    # right after the other (a noisy machine drifts within a cell)
+                    order = list(targets.items())
+                    if rnd % 2:
+                        order.reverse()
+                    for name, url in order:
+                        # warm-up, then the measured cell
+                        run_wrk(wrk, url, body, conc, 1, tmp)
+                        c0 = cpu_seconds(pids[name]) if name in pids else None
+                        r = run_wrk(wrk, url, body, conc, a.duration, tmp)
+                        if c0 is not None:
+                            r["cpu_ms_per_req"] = (cpu_seconds(pids[name]) - c0) * 1000 / max(1, r["requests"])
+                        r.update(target=name, payload=pname, conc=conc)
+                        cells.setdefault(name, []).append(r)
+                        log(f"{pname:6s} conc {conc:3d} {name:12s} p50 {r['p50_ms']:8.3f} ms  p99 {r['p99_ms']:8.3f} ms"
+                            f"  {r['rps']:9.1f} req/s  errors {r['errors']}"
+                            + (f"  cpu/req {r['cpu_ms_per_req']:.3f} ms" if "cpu_ms_per_req" in r else ""))
+                for name in targets:
+                    results.append(_median_cell(cells[name]))
     finally:
         for p in reversed(procs):
             stop(p)
     report(results, a)
 
 
+def _median_cell(runs: list[dict]) -> dict:
+    """One cell from its rounds: the median of each figure, errors summed."""
+    if len(runs) == 1:
+        return runs[0]
+    out = dict(runs[0])
+    for k in ("p50_ms", "p99_ms", "rps", "cpu_ms_per_req"):
+        if k in out:
+            out[k] = statistics.median(r[k] for r in runs)
+    out["requests"] = sum(r["requests"] for r in runs)
+    out["errors"] = sum(r["errors"] for r in runs)
+    out["rounds"] = len(runs)
+    return out
+
+
 def report(results: list[dict], a) -> None:
     meta = {"date": dt.date.today().isoformat(), "machine": f"{platform.machine()} {os.cpu_count()} cores "
             "(shared VM)", "command": "python benchmarks/overhead.py " + " ".join(sys.argv[1:]),
-            "duration_s": a.duration}
+            "duration_s": a.duration, "rounds": a.rounds}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     direct = {(r["payload"], r["conc"]): r for r in results if r["target"] == "direct"}

@@ -23,7 +23,8 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vlm_gateway.stages.video import corpus  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the synthetic corpus
+import video_corpus as corpus  # noqa: E402
 from vlm_gateway.stages.video.rewrite import rewrite_video  # noqa: E402
 from vlm_gateway.stages.video.settings import VideoSettings  # noqa: E402
 

@@ -26,8 +26,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the synthetic corpus
 from vlm_gateway import video_tokens as vt  # noqa: E402
-from vlm_gateway.stages.video import corpus, dedupe  # noqa: E402
+import video_corpus as corpus  # noqa: E402
+from vlm_gateway.stages.video import dedupe  # noqa: E402
 from vlm_gateway.stages.video.plan import plan_frames, plan_groups  # noqa: E402
 from vlm_gateway.stages.video.rewrite import rewrite_video  # noqa: E402
 from vlm_gateway.stages.video.settings import VideoSettings  # noqa: E402

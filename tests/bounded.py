@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--max-pixels", type=int, default=64_000_000)
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
-    from vlm_gateway.stages.images import corpus as C
+    import image_corpus as C
     from vlm_gateway.stages.images.rewrite import rewrite_bytes
     rewrite_bytes(C.photo_jpeg(64, 64))  # warm the imports and plugins before forking
     for name, (data, codes) in C.hostile().items():

@@ -15,6 +15,8 @@ import httpx
 import openai
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from conftest import free_port, until as _until
 from test_cache import HEADER, ask, fresh, png, user
@@ -25,8 +27,10 @@ pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="re
 class RedisProc:
     def __init__(self, tmp: str, *extra: str) -> None:
         self.port = free_port()
+        # DEBUG SLEEP (the stall below) is refused by Redis >= 7 unless enabled for local clients
         self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                                      "--save", "", "--appendonly", "no", "--dir", tmp, *extra],
+                                      "--save", "", "--appendonly", "no", "--dir", tmp,
+                                      "--enable-debug-command", "local", *extra],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.url = f"redis://127.0.0.1:{self.port}/0"
         client = redis.Redis(port=self.port)
@@ -124,7 +128,17 @@ def test_redis_stopped_or_stalled_mid_run_counts_as_a_miss(servers, redis_server
     # Redis stalls (a blocking command holds its only thread for 2 s): lookups time out -> miss
     stall = subprocess.Popen(["redis-cli", "-p", str(redis_server.port), "DEBUG", "SLEEP", "2"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.2)
+    probe = redis.Redis(port=redis_server.port, socket_timeout=0.05, socket_connect_timeout=0.05,
+                        retry=Retry(NoBackoff(), 0))  # one try: a timeout is the answer
+
+    def stalled() -> bool:
+        try:
+            probe.ping()
+            return False
+        except redis.exceptions.TimeoutError:
+            return True
+    assert _until(stalled)  # Redis is now blocked (no fixed sleep)
+    probe.close()
     t0 = time.time()
     h, text, _ = ask(client, [user(fresh("stalled"))])
     assert h == "miss" and text and time.time() - t0 < 1.5

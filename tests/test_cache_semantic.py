@@ -198,12 +198,8 @@ def test_small_partitions_are_matrices_then_flat_indexes():
 
 
 def test_semantic_on_without_model_files_serves_without_the_level(tmp_path, caplog):
-    from types import SimpleNamespace
-
-    from vlm_gateway.config import GatewayConfig
     from vlm_gateway.stages.cache.stage import ResponseCache
-    cfg = GatewayConfig(cache=CacheConfig(semantic=True, semantic_model_dir=str(tmp_path)))
-    cache = ResponseCache(SimpleNamespace(cfg=cfg, closers=[]))
+    cache = ResponseCache(CacheConfig(semantic=True, semantic_model_dir=str(tmp_path)), "", "vlmgw")
 
     async def run():
         await cache.start()

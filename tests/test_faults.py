@@ -191,7 +191,8 @@ async def test_redis_stopped_during_load(servers, tmp_path):
         await load(150, 0)
         assert redis.client().keys("vlmgw:rl:*"), "rate-limit buckets should live in Redis"
         half = asyncio.ensure_future(load(300, 1000))
-        await asyncio.sleep(0.3)
+        while len(statuses) < 150 + 50:  # Redis stops while the second batch is under way
+            await asyncio.sleep(0.01)
         redis.stop()
         await half
         await load(100, 5000)

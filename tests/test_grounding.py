@@ -17,6 +17,7 @@ from PIL import Image
 
 from vlm_gateway.backends.sim.grounding import desktop
 from vlm_gateway.config import ConfigError, load_config
+from vlm_gateway.stages.auth import TENANT
 from vlm_gateway.stages.grounding import plan as P
 from vlm_gateway.stages.grounding.conventions import BUILTIN, detect, resolve
 from vlm_gateway.stages.grounding.frames import Frame, image_map, parse_header
@@ -274,7 +275,7 @@ def request(model="qwen3vl-sim", n=1, headers=None, tenant=None) -> ChatRequest:
                       model=model, stream=False, headers=headers or {}, request_id="t",
                       images=[ImagePart(0, i, p) for i, p in enumerate(parts)])
     if tenant is not None:
-        req.state["tenant_cfg"] = tenant
+        req.state[TENANT] = tenant
     return req
 
 

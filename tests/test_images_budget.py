@@ -15,7 +15,7 @@ from PIL import Image
 
 import text_corpus as T
 from conftest import SIM_MODEL
-from vlm_gateway.stages.images import corpus as C
+import image_corpus as C
 from vlm_gateway.stages.images.budget import choose
 from vlm_gateway.stages.images.legibility import NONE, Estimate, estimate
 from vlm_gateway.stages.images.policy import Policy, resolve

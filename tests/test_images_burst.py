@@ -14,7 +14,7 @@ import httpx
 from conftest import SIM_MODEL
 from PIL import Image
 
-from vlm_gateway.stages.images.corpus import photo_array, save
+from image_corpus import photo_array, save
 
 N_IMAGES = 12
 

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from conftest import SIM_MODEL
-from vlm_gateway.stages.images import corpus as C
+import image_corpus as C
 
 BIG = C.photo_jpeg(1920, 1080)
 SMALL = C.photo_jpeg(500, 300)

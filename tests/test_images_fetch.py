@@ -10,7 +10,7 @@ import socket
 import pytest
 from aiohttp import web
 
-from vlm_gateway.stages.images import corpus as C
+import image_corpus as C
 from vlm_gateway.stages.images.fetch import Fetcher, FetchError, FetchPolicy, ip_refused
 
 JPEG = C.photo_jpeg(640, 480)

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from vlm_gateway.stages.images import Policy, rewrite_bytes
-from vlm_gateway.stages.images import corpus as C
+import image_corpus as C
 from vlm_gateway.stages.images import decode as D
 from vlm_gateway.stages.images.colour import PRIMARIES, srgb_decode, srgb_encode, to_srgb_matrix
 from vlm_gateway.stages.images.decode import ImageError, probe, sniff

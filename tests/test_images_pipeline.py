@@ -9,9 +9,9 @@ import pytest
 from PIL import Image
 
 from vlm_gateway.stages.images import Policy, rewrite_bytes
-from vlm_gateway.stages.images import corpus as C
+import image_corpus as C
 from vlm_gateway.stages.images.decode import ImageError, decode, probe
-from vlm_gateway.stages.images.quality import lanczos_reference, psnr
+from image_quality import lanczos_reference, psnr
 from vlm_gateway.stages.images.source import decode_data_uri
 from vlm_gateway.stages.images.trim import content_box
 from vlm_gateway.vision_tokens import visual_tokens

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlm_gateway.stages.images import corpus as C
+import image_corpus as C
 from vlm_gateway.stages.images import vips
 from vlm_gateway.stages.images.decode import ImageError, decode_opened, open_checked
 from vlm_gateway.stages.images.rewrite import rewrite_bytes

@@ -15,7 +15,7 @@ from PIL import Image
 
 from conftest import SIM_MODEL, until
 from media_server import Origin
-from vlm_gateway.stages.images import corpus as C
+import image_corpus as C
 
 MB = 1024 * 1024
 

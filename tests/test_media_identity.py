@@ -19,7 +19,7 @@ from PIL import Image
 from conftest import SIM_MODEL
 from media_server import Origin
 from test_security_support import sha
-from vlm_gateway.stages.images import corpus as C
+import image_corpus as C
 from xxh3_twins import bmp_twins
 
 ADMIN = "sk-admin-identity-test"

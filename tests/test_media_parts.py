@@ -17,8 +17,8 @@ from PIL import Image
 from conftest import SIM_MODEL
 from media_server import Origin
 from test_security_support import sha
-from vlm_gateway.stages.images import corpus as C
-from vlm_gateway.stages.video import corpus as video_corpus
+import image_corpus as C
+import video_corpus
 
 BIG = C.photo_jpeg(1920, 1080)
 # a real (tiny) H.264 clip (the simulator decodes what it receives, as vLLM does) and a

@@ -351,7 +351,7 @@ def test_overhead_counts_from_the_first_byte_and_is_split_by_phase(servers):
     line all count from the request's first byte to its first byte upstream."""
     sim = servers.sim()
     gw = servers.gateway(backends=[sim], extra_args=["--log-format", "json"])
-    from vlm_gateway.stages.images import corpus as C
+    import image_corpus as C
     body = json.dumps({"model": SIM_MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "time me"},
         {"type": "image_url", "image_url": {"url": data_uri(C.desktop_screenshot_png(1920, 1080))}}]}]}).encode()

@@ -23,8 +23,8 @@ import yaml
 
 from conftest import SIM_MODEL, free_port, wait_http
 from images import data_uri, image_bytes
-from vlm_gateway.stages.images import corpus
-from vlm_gateway.stages.video import corpus as video_corpus
+import image_corpus as corpus
+import video_corpus
 from test_security_support import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent

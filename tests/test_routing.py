@@ -64,6 +64,14 @@ def gateway_metric(gw, name: str, **labels) -> float:
     return total
 
 
+def wait_for(cond, timeout: float = 10.0) -> None:
+    """Poll ``cond`` until it holds (the synchronisation point; no fixed sleep)."""
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
 def sim_images_seen(sim) -> list[int]:
     """Number of image parts in every request body the simulator received."""
     out = []
@@ -174,7 +182,8 @@ def test_killing_a_simulator_mid_test_loses_no_request(servers, engine):
 
     with cf.ThreadPoolExecutor(24) as ex:
         futs = [ex.submit(one, i) for i in range(24)]
-        time.sleep(0.25)  # every request in flight (20 tokens at 40/s = 0.5 s each)
+        # kill once every request is in flight (20 tokens at 40/s = 0.5 s each)
+        wait_for(lambda: gateway_metric(gw, "vlm_gateway_backend_inflight") >= 24 or any(f.done() for f in futs))
         sims[1].kill()
         for f in futs:
             f.result(timeout=30)
@@ -214,8 +223,7 @@ def test_ejected_backend_comes_back_after_recovery(servers):
     # killed outright: probes mark it down; restarted on its port, it is used again
     port = sims[0].port
     sims[0].kill()
-    time.sleep(0.6)
-    assert gateway_metric(gw, "vlm_gateway_backend_circuit_state", backend="sim0", state="down") == 1
+    wait_for(lambda: gateway_metric(gw, "vlm_gateway_backend_circuit_state", backend="sim0", state="down") == 1)
     assert {chat(c, [{"role": "user", "content": f"d{i}"}])[1] for i in range(4)} == {"sim1"}
     servers.sim(profile="fast", port=port)
     deadline = time.time() + 10

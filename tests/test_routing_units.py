@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from vlm_gateway.backends.router import get_policy, policy_names
 from vlm_gateway.backends.router.affinity import PrefixMap, prefix_keys
 from vlm_gateway.backends.router.least_loaded import load
 from vlm_gateway.backends.scrape import extract, parse
+from vlm_gateway.backends.stats import EngineStats
 from vlm_gateway.config import ConfigError, GatewayConfig, RoutingConfig
 from vlm_gateway.core.request import parse_chat
 
@@ -206,14 +208,13 @@ def test_load_combines_engine_figures_and_fresh_inflight():
     b.inflight = 1
     assert load(b) == 0.5
     # the engine (shared with other gateways) reports 3 running + 1 waiting when we had 1 in flight
-    b.engine_load = {"running": 3, "waiting": 1, "kv_usage": 0.1, "inflight_at_scrape": 1}
-    b.scraped_at = time.monotonic()
+    b.stats = EngineStats.from_figures({"running": 3, "waiting": 1, "kv_usage": 0.1}, 1, time.monotonic())
     assert load(b) == 2.0
     b.inflight = 0  # ours finished since the scrape
     assert load(b) == 1.5
-    b.engine_load["kv_usage"] = 1.7 / 1  # kv pressure dominates when higher
+    b.stats = replace(b.stats, kv_usage=1.7 / 1)  # kv pressure dominates when higher
     assert load(b) == 1.7
-    b.scraped_at = time.monotonic() - 10  # stale scrape: in-flight only
+    b.stats = replace(b.stats, at=time.monotonic() - 10)  # stale scrape: in-flight only
     assert load(b) == 0.0
 
 
@@ -251,10 +252,13 @@ def test_prefix_keys_chain_across_turns_and_see_images():
 
 
 def test_prefix_map_is_bounded_and_expires():
-    m = PrefixMap(ttl_s=10, max_entries=3)
-    m.put_many([b"a", b"b", b"c", b"d"], "x", now=0)
-    assert len(m) == 3 and m.get(b"a", 1) is None and m.get(b"d", 1) == "x"
-    assert m.get(b"d", 11) is None
+    now = [0.0]
+    m = PrefixMap(ttl_s=10, max_entries=3, clock=lambda: now[0])
+    m.put_many([b"a", b"b", b"c", b"d"], "x")
+    now[0] = 1
+    assert len(m) == 3 and m.get(b"a") is None and m.get(b"d") == "x"
+    now[0] = 11
+    assert m.get(b"d") is None
 
 
 def test_affinity_follows_prefix_unless_overloaded_or_weak():

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from conftest import SIM_MODEL
-from vlm_gateway.stages.images import corpus as C
+import image_corpus as C
 
 
 def _status(pid: int, key: str) -> int:

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("av")
 
 from vlm_gateway import video_tokens as vt  # noqa: E402
-from vlm_gateway.stages.video import corpus  # noqa: E402
+import video_corpus as corpus  # noqa: E402
 
 MODEL = "qwen3vl-sim"
 

@@ -11,7 +11,7 @@ from vlm_gateway.backends.slo import PoolLoad, SloController, percentile
 from vlm_gateway.config import SloConfig
 from vlm_gateway.stages.images.policy import Policy, parse_header
 from vlm_gateway.stages.images.pressure import long_side
-from vlm_gateway.stages.images import corpus as C
+import image_corpus as C
 from vlm_gateway.stages.images.rewrite import rewrite_bytes
 
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 import text_corpus as T
 from conftest import SIM_MODEL, until
-from vlm_gateway.stages.images import corpus as C
+import image_corpus as C
 
 BIG = "data:image/jpeg;base64," + base64.b64encode(C.photo_jpeg(1920, 1080)).decode()
 # a 1920x1080 UI screenshot with 12 px text: its legible floor is above 768

@@ -91,7 +91,7 @@ def test_playground_upload_rewrite_and_streamed_answer(servers, tmp_path):
 
 def test_playground_shows_a_videos_rewrite(servers, tmp_path):
     pytest.importorskip("av")
-    from vlm_gateway.stages.video import corpus
+    import video_corpus as corpus
     sim = servers.sim()
     gw = servers.gateway({}, backends=[sim])
     data, times = corpus.screen_recording(12, 640, 360, 10, seed=5)

@@ -22,7 +22,7 @@ pytest.importorskip("av")
 from conftest import SIM_MODEL  # noqa: E402
 from media_server import Origin  # noqa: E402
 from vlm_gateway import video_tokens as vt  # noqa: E402
-from vlm_gateway.stages.video import corpus  # noqa: E402
+import video_corpus as corpus  # noqa: E402
 from vlm_gateway.stages.video.rewrite import probe_video  # noqa: E402
 from vlm_gateway.stages.video.settings import VideoSettings  # noqa: E402
 

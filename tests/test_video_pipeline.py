@@ -20,7 +20,8 @@ av = pytest.importorskip("av")
 cv2 = pytest.importorskip("cv2")
 
 from vlm_gateway import video_tokens as vt  # noqa: E402
-from vlm_gateway.stages.video import corpus, dedupe  # noqa: E402
+import video_corpus as corpus  # noqa: E402
+from vlm_gateway.stages.video import dedupe  # noqa: E402
 from vlm_gateway.stages.video.errors import VideoError  # noqa: E402
 from vlm_gateway.stages.video.plan import plan, plan_groups  # noqa: E402
 from vlm_gateway.stages.video.rewrite import rewrite_video  # noqa: E402

@@ -17,12 +17,13 @@ pytest.importorskip("av")
 from vlm_gateway import video_tokens as vt  # noqa: E402
 from vlm_gateway.backends.backend import Backend  # noqa: E402
 from vlm_gateway.config import ConfigError, load_config  # noqa: E402
-from vlm_gateway.stages.video import corpus  # noqa: E402
+import video_corpus as corpus  # noqa: E402
 from vlm_gateway.stages.video.budget import frame_budget  # noqa: E402
 from vlm_gateway.stages.video.rewrite import rewrite_video  # noqa: E402
 from vlm_gateway.stages.video.settings import VideoSettings  # noqa: E402
 from vlm_gateway.stages.video.stage import recount  # noqa: E402
 from vlm_gateway.proxy.gateway import Gateway  # noqa: E402
+from vlm_gateway.stages.images.media import MediaStage  # noqa: E402
 from vlm_gateway.core.request import parse_chat  # noqa: E402
 
 CLIP = corpus.motion_clip(2, 320, 240, 15)
@@ -33,21 +34,25 @@ def gateway(**video) -> Gateway:
                                                             "images": {"models": {"small": {"max_long_side": 256}}}}))
 
 
+def video_of(gw: Gateway):
+    return gw.chain.find(MediaStage).video
+
+
 def test_settings_follow_the_models_image_budget_and_the_engine():
     gw = gateway(engine_max_pixels=8_000_000, crf=23)
-    v = gw.video_rewriter
+    v = video_of(gw)
     s, key = v.settings("any")
     assert s.max_long_side == 768 and s.grid_factor == 32 and s.crf == 23
     assert s.engine.max_pixels == 8_000_000 and s.max_bytes == gw.cfg.limits.max_video_bytes
     small, key_small = v.settings("small")
     assert small.max_long_side == 256 and key_small != key
-    assert gateway(plan="frames").video_rewriter.settings("any")[1] != key
-    assert gateway(max_long_side=512).video_rewriter.settings("any")[0].max_long_side == 512
+    assert video_of(gateway(plan="frames")).settings("any")[1] != key
+    assert video_of(gateway(max_long_side=512)).settings("any")[0].max_long_side == 512
 
 
 def test_recount_for_a_backend_profiles_video_budget():
     gw = gateway()
-    v = gw.video_rewriter
+    v = video_of(gw)
     cfg = load_config(None, environ={}, overrides={"backends": [{"url": "http://127.0.0.1:9/v1"}]})
     b = Backend.from_config(cfg.backends[0], 0, {"video_max_pixels": 20 * 64 * 64})
     spec = v.spec_for(b)
@@ -77,13 +82,13 @@ def test_timestamp_text_counted_with_the_served_tokenizer(tmp_path):
     path = _tokenizer(tmp_path)
     gw = gateway(tokenizer=path)
     qwen = gateway()
-    assert gw.video_rewriter.settings("m")[1] != qwen.video_rewriter.settings("m")[1]   # another L1 entry
+    assert video_of(gw).settings("m")[1] != video_of(qwen).settings("m")[1]   # another L1 entry
     body = {"model": "m", "messages": [{"role": "user", "content": [
         {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(CLIP).decode()}}]}]}
 
     async def run(g):
         req = parse_chat(orjson.dumps(body), {})
-        await g.media_stage(req)
+        await g.chain.find(MediaStage)(req)
         return req
     req = asyncio.run(run(gw))
     (part,) = req.media
@@ -144,5 +149,5 @@ def test_per_state_budget_hook_sizes_every_frame_at_the_largest_answer():
 
 def test_video_off_forwards():
     gw = gateway(enabled=False)
-    assert getattr(gw, "video_rewriter", None) is None
-    assert gw.media_stage.rewrites["video"].__name__ == "forward"
+    assert video_of(gw) is None
+    assert gw.chain.find(MediaStage).rewrites["video"].__name__ == "forward"

@@ -313,7 +313,7 @@ def cjk(w: int, h: int, px: int, seed: int) -> tuple[Image.Image, list[str]]:
 
 def photo(w: int, h: int, seed: int) -> Image.Image:
     """Photographic content: smooth shading, edges, fine texture (no text)."""
-    from vlm_gateway.stages.images.corpus import photo_array
+    from image_corpus import photo_array
     return Image.fromarray(photo_array(w, h, seed))
 
 

@@ -37,6 +37,7 @@ from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the synthetic video corpus
 from vlm_gateway.vision_tokens import target_size, visual_tokens  # noqa: E402
 
 DIRECT = os.environ.get("LOADGEN_DIRECT", "http://127.0.0.1:8000/v1")
@@ -166,7 +167,7 @@ WORKLOADS = {
 
 
 def base_image(kind: str, seed: int = 0) -> bytes:
-    from vlm_gateway.stages.images import corpus
+    import image_corpus as corpus
     if kind == "jpeg1080":
         return jpeg(screenshot(seed))
     if kind == "jpeg12mp":
@@ -413,7 +414,7 @@ VIDEO_CLIPS_SMALL = {"motion_10s_720p30": ("motion", 2, 320, 240, 30),
 def make_video(args: tuple[str, tuple, int, bool]) -> dict:
     """One clip (seeded: every request gets frames no engine cache has seen) and its rewrite
     with the gateway's default settings (plan groups); with ``both`` also the frame plan."""
-    from vlm_gateway.stages.video import corpus
+    import video_corpus as corpus
     from vlm_gateway.stages.video.rewrite import rewrite_video
     from vlm_gateway.stages.video.settings import VideoSettings
     name, (kind, sec, w, h, fps), seed, both = args

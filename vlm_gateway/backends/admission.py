@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-import time
 from typing import TYPE_CHECKING
 
 from .. import metrics
+from ..core.clock import Clock, monotonic
 from ..core.errors import RateLimited
+from ..core.state import Slot
 from ..vision_tokens import MARKER_TOKENS, estimate_text_tokens, target_size, visual_tokens
 
 if TYPE_CHECKING:
@@ -37,9 +38,13 @@ if TYPE_CHECKING:
     from .backend import Backend
 
 
+# the prompt's estimated text tokens (counted once per request)
+TEXT_TOKENS: Slot[int] = Slot("est_text_tokens")
+
+
 def text_tokens(req: "ChatRequest") -> int:
     """Estimated text tokens of the prompt (chat template markers included); cached."""
-    cached = req.state.get("est_text_tokens")
+    cached = req.state.get(TEXT_TOKENS)
     if cached is not None:
         return cached
     n = 0
@@ -59,7 +64,7 @@ def text_tokens(req: "ChatRequest") -> int:
         p = req.body.get("prompt")
         n = estimate_text_tokens(p) if isinstance(p, str) else sum(
             estimate_text_tokens(x) for x in p if isinstance(x, str)) if isinstance(p, list) else 0
-    req.state["est_text_tokens"] = n
+    req.state[TEXT_TOKENS] = n
     return n
 
 
@@ -129,9 +134,10 @@ class ProfileFilter:
 class Slots:
     """Waiters for a free backend slot, woken in arrival order on every release."""
 
-    def __init__(self, timeout_s: float, max_queue: int) -> None:
+    def __init__(self, timeout_s: float, max_queue: int, clock: Clock = monotonic) -> None:
         self.timeout = timeout_s
         self.max_queue = max_queue
+        self.clock = clock
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
 
     def __len__(self) -> int:
@@ -153,7 +159,7 @@ class Slots:
         metrics.QUEUE_DEPTH.inc()
         try:
             while True:
-                left = deadline - time.monotonic()
+                left = deadline - self.clock()
                 if left <= 0:
                     raise self.reject("queue timeout")
                 fut = loop.create_future()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -10,7 +9,11 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ..config import BackendConfig, UpstreamConfig
+from ..core.state import Slot
+from .breaker import CircuitBreaker
 from .scrape import ScrapeState, sources_for
+from .stats import EngineStats
+from .transport import TransportFactory
 
 
 @dataclass(eq=False)
@@ -26,17 +29,16 @@ class Backend:
     # live state
     healthy: bool = True
     inflight: int = 0
-    consecutive_failures: int = 0
-    ejected_until: float = 0.0
-    ejections: int = 0
+    # passive ejection after consecutive failures (configured by the pool)
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     # Set by an operator (POST /admin/backends/{name}/drain): no new requests, in-flight ones finish.
     drained: bool = False
     # Set by discovery when the backend left its source: no new requests, removed once idle.
     departing: bool = False
-    # scraped engine load (running, waiting, kv_usage, prefix hits/queries)
-    engine_load: dict[str, float] = field(default_factory=dict)
-    scraped_at: float = 0.0
-    session: aiohttp.ClientSession | None = None
+    # the engine's load at the latest scrape (None before the first)
+    stats: EngineStats | None = None
+    # the HTTP client towards the engine (transport.py: aiohttp, or a scripted one in tests)
+    session: Any = None
     # where the engine's load is read: candidate endpoints and formats (scrape.py)
     scrape_state: ScrapeState = field(default_factory=ScrapeState)
     # The simulator's timing profile, read from its /sim/config (engine "sim" only).
@@ -66,9 +68,26 @@ class Backend:
 
     @property
     def available(self) -> bool:
-        return self.healthy and not self.drained and not self.departing and time.monotonic() >= self.ejected_until
+        return self.healthy and not self.drained and not self.departing and self.breaker.is_available()
 
-    async def start(self, cfg: UpstreamConfig) -> None:
+    @property
+    def engine_load(self) -> dict[str, float]:
+        """The latest scraped figures as a mapping ({} before the first scrape)."""
+        return self.stats.figures() if self.stats is not None else {}
+
+    @property
+    def scraped_at(self) -> float:
+        return self.stats.at if self.stats is not None else 0.0
+
+    @property
+    def ejected_until(self) -> float:
+        """The breaker's clock time before which no request goes here (0: closed)."""
+        return self.breaker.open_until
+
+    async def start(self, cfg: UpstreamConfig, transport: "TransportFactory | None" = None) -> None:
+        if transport is not None:
+            self.session = transport(self, cfg)
+            return
         connector = aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=cfg.max_connections,
                                          ttl_dns_cache=60, keepalive_timeout=60, enable_cleanup_closed=True)
         headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else None
@@ -83,3 +102,7 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"Backend({self.name})"
+
+
+# the backend a request was last sent to (set by the relay for each attempt)
+CHOSEN: Slot[Backend] = Slot("backend")

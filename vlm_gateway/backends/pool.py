@@ -3,14 +3,13 @@ request goes to (filter -> policy rank -> first with a free slot).
 
 Health: an active probe of each backend's ``/health`` every
 ``routing.health_interval_s`` (which also refreshes served models when they are
-not configured), and passive ejection after ``eject_after_failures`` consecutive
-failures with exponential back-off (a circuit breaker: closed -> open for
-``eject_base_s * 2^k`` capped at ``eject_max_s`` -> half_open, where one
-success closes it and one failure opens it again for twice as long).
+not configured), and passive ejection by each backend's circuit breaker
+(``breaker.py``: ``eject_after_failures`` consecutive failures open it for
+``eject_base_s * 2^k`` capped at ``eject_max_s``, then half-open).
 
 Load: each engine's load endpoint is scraped every ``routing.scrape_interval_s``
 (``scrape.py``: Prometheus text or trtllm-serve's iteration statistics) into
-``Backend.engine_load``, one loop per backend so that a slow endpoint (trtllm-serve's
+``Backend.stats`` (``stats.EngineStats``), one loop per backend so that a slow endpoint (trtllm-serve's
 ``/metrics`` answers late while the engine is busy) delays no other backend's figures;
 ``router.least_loaded.load`` turns them into the normalised load the policies rank by.
 
@@ -37,10 +36,14 @@ import orjson
 
 from .. import metrics
 from ..config import GatewayConfig
-from ..core.errors import GatewayError, NotFound, Unavailable
+from ..core.clock import Clock, monotonic
+from ..core.errors import BadRequest, GatewayError, NotFound, Unavailable
 from . import scrape
 from .admission import ProfileFilter, Slots
 from .backend import Backend
+from .breaker import CircuitBreaker
+from .stats import FIGURES, EngineStats
+from .transport import TransportFactory
 from .router import get_policy
 from .router.least_loaded import load
 from .slo import SloPools
@@ -70,9 +73,14 @@ async def _read_small(r: aiohttp.ClientResponse) -> bytes:
 
 
 class Pool:
-    def __init__(self, cfg: GatewayConfig, backends: list[Backend]) -> None:
+    def __init__(self, cfg: GatewayConfig, backends: list[Backend], clock: Clock = monotonic,
+                 transport: TransportFactory | None = None) -> None:
         self.cfg = cfg
+        self.clock = clock
+        self.transport = transport  # None: aiohttp
         self.backends = backends
+        for b in backends:
+            self._adopt(b)
         # model names served anywhere in the pool (bounded label set for metrics)
         self.known_models: set[str] = set()
         self._refresh_known_models()
@@ -80,7 +88,7 @@ class Pool:
         # Extra filters (profile admission, ...) added by routing modules: (req, backend) -> reason|None
         self.filters: list = [ProfileFilter(cfg)]
         r = cfg.routing
-        self.slots = Slots(r.queue_timeout_s, r.max_queue)
+        self.slots = Slots(r.queue_timeout_s, r.max_queue, clock)
         self._tasks: list[asyncio.Task] = []
         self._scrapers: dict[Backend, asyncio.Task] = {}
         # SLO-aware image budgets: a budget level per model pool (slo.py)
@@ -90,10 +98,14 @@ class Pool:
                 log.error("backend %s names GPU profile %r, which is not defined (backends/profiles.yaml or "
                           "config `profiles`): it is routed without profile limits", b.name, bc.profile)
 
+    def _adopt(self, b: Backend) -> None:
+        r = self.cfg.routing
+        b.breaker = CircuitBreaker(r.eject_after_failures, r.eject_base_s, r.eject_max_s, self.clock)
+
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         for b in self.backends:
-            await b.start(self.cfg.upstream)
+            await b.start(self.cfg.upstream, self.transport)
         await asyncio.gather(*(self.probe(b) for b in self.backends))
         self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
         for b in self.backends:
@@ -106,7 +118,8 @@ class Pool:
 
     async def add(self, b: Backend) -> None:
         """Admit a backend found at run time: routed to once its first probe succeeds."""
-        await b.start(self.cfg.upstream)
+        self._adopt(b)
+        await b.start(self.cfg.upstream, self.transport)
         b.healthy = False
         await self.probe(b)
         self.backends.append(b)
@@ -158,10 +171,8 @@ class Pool:
         figures = await scrape.scrape(b, timeout_s=max(0.2, 2 * self.cfg.routing.scrape_interval_s))
         if figures is not None:
             # the gateway's in-flight count now: requests sent/finished after this shift the figure
-            figures["inflight_at_scrape"] = float(b.inflight)
-            b.engine_load = figures
-            b.scraped_at = time.monotonic()
-            for k in ("running", "waiting", "kv_usage", "prefix_hits", "prefix_queries"):
+            b.stats = EngineStats.from_figures(figures, b.inflight, time.monotonic())
+            for k in FIGURES:
                 if k in figures:
                     metrics.ENGINE_METRIC.labels(b.name, k).set(figures[k])
         metrics.BACKEND_LOAD.labels(b.name).set(load(b))
@@ -203,38 +214,29 @@ class Pool:
             else:
                 log.warning("backend %s is unhealthy: probe failed (%s)", b.name, why)
         b.healthy = ok
-        if ok and b.ejected_until and b.consecutive_failures >= self.cfg.routing.eject_after_failures:
-            # the probe succeeded: let the next request through (half-open)
-            b.ejected_until = min(b.ejected_until, time.monotonic())
+        if ok:
+            b.breaker.probe_succeeded()
         self._export(b)
         if ok:
             self.slots.wake()
 
     def _export(self, b: Backend) -> None:
         metrics.BACKEND_HEALTHY.labels(b.name).set(1 if b.available else 0)
-        r = self.cfg.routing
-        state = ("down" if not b.healthy else "open" if time.monotonic() < b.ejected_until
-                 else "half_open" if b.consecutive_failures >= r.eject_after_failures else "closed")
+        state = "down" if not b.healthy else b.breaker.state()
         for s in STATES:
             metrics.BACKEND_STATE.labels(b.name, s).set(1 if s == state else 0)
 
     # -- outcome bookkeeping -----------------------------------------------------------
     def record_success(self, b: Backend) -> None:
-        if b.consecutive_failures:
-            b.consecutive_failures = 0
-            b.ejected_until = 0.0
-            b.ejections = 0
+        if b.breaker.failures:
+            b.breaker.record_outcome(True)
             self._export(b)
 
     def record_failure(self, b: Backend) -> None:
-        r = self.cfg.routing
-        b.consecutive_failures += 1
-        if b.consecutive_failures >= r.eject_after_failures:
-            delay = min(r.eject_max_s, r.eject_base_s * (2 ** b.ejections))
-            b.ejections += 1
-            b.ejected_until = time.monotonic() + delay
+        delay = b.breaker.record_outcome(False)
+        if delay is not None:
             log.warning("backend %s ejected for %.1fs after %d consecutive failures",
-                        b.name, delay, b.consecutive_failures)
+                        b.name, delay, b.breaker.failures)
         self._export(b)
 
     # -- choice ------------------------------------------------------------------------
@@ -266,7 +268,6 @@ class Pool:
                 why = f(req, b)
                 (reasons.append(why) if why else kept.append(b))
             if not kept:
-                from ..core.errors import BadRequest
                 raise BadRequest(f"No backend can serve this request: {reasons[0]}", code="no_backend_admits",
                                  param="messages")
             usable = kept
@@ -296,7 +297,7 @@ class Pool:
         metrics.ROUTING.labels(name, "queued").inc()
         try:
             return await self.slots.wait(lambda: self._take(req, exclude),
-                                         time.monotonic() + self.cfg.routing.queue_timeout_s)
+                                         self.clock() + self.cfg.routing.queue_timeout_s)
         except GatewayError as e:
             if e.status == 429:
                 metrics.ROUTING.labels(name, "rejected").inc()

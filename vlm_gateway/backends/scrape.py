@@ -47,13 +47,19 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
-if TYPE_CHECKING:
-    from .backend import Backend
+
+
+class Scraped(Protocol):
+    """What the scraper reads of a backend (``backend.Backend``, which imports this module)."""
+
+    name: str
+    session: Any
+    scrape_state: "ScrapeState"
 
 log = logging.getLogger("vlm_gateway.scrape")
 
@@ -240,7 +246,7 @@ class _Pending(Exception):
     """A slow read is still running; its answer is taken at a later scrape."""
 
 
-async def _read(b: "Backend", src: Source, timeout_s: float) -> dict[str, float]:
+async def _read(b: Scraped, src: Source, timeout_s: float) -> dict[str, float]:
     """Figures from one source; {} when the source is valid but has nothing new.
     Raises _Hard, or asyncio.TimeoutError / aiohttp.ClientError / OSError."""
     assert b.session is not None
@@ -259,7 +265,7 @@ async def _read(b: "Backend", src: Source, timeout_s: float) -> dict[str, float]
     return figures
 
 
-async def _read_source(b: "Backend", i: int, src: Source, timeout_s: float) -> dict[str, float]:
+async def _read_source(b: Scraped, i: int, src: Source, timeout_s: float) -> dict[str, float]:
     """_read, except that a slow source's read runs on in the background: the scrape waits
     ``timeout_s`` for it and otherwise raises _Pending, so the loop keeps its pace (and can
     probe the other sources) while a busy trtllm-serve holds its /metrics answer."""
@@ -276,7 +282,7 @@ async def _read_source(b: "Backend", i: int, src: Source, timeout_s: float) -> d
     return task.result()
 
 
-async def scrape(b: "Backend", timeout_s: float) -> dict[str, float] | None:
+async def scrape(b: Scraped, timeout_s: float) -> dict[str, float] | None:
     """One scrape of ``b``'s load endpoint; None when it failed or brought no new figures."""
     st = b.scrape_state
     if not st.sources or b.session is None:

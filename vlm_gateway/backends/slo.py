@@ -51,13 +51,21 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sized
 
 from .. import metrics
 
 if TYPE_CHECKING:
     from ..config import SloConfig
-    from .pool import Pool
+
+
+class Pool(Protocol):
+    """What the controllers read of the backend pool (``pool.Pool``)."""
+
+    known_models: set[str]
+    slots: Sized  # the admission queue
+
+    def serving(self, model: str) -> Iterable[Any]: ...
 
 log = logging.getLogger("vlm_gateway.slo")
 

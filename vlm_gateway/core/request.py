@@ -8,11 +8,12 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 import orjson
 
 from .errors import BadRequest
+from .state import State
 from .timing import Timing
 
 # Content-part types and where each keeps what the engine reads. Text parts carry
@@ -103,7 +104,12 @@ class MediaPart:
 ImagePart = MediaPart
 
 
-Hook = Callable[..., Awaitable[None]]
+class Subscriber(Protocol):
+    """What a stage subscribed to a request offers (``core.stage.Stage`` is the base)."""
+
+    async def before_send(self, req: "ChatRequest", backend: Any) -> None: ...
+    async def on_complete(self, req: "ChatRequest", completion: dict[str, Any]) -> None: ...
+    async def on_finish(self, req: "ChatRequest") -> None: ...
 
 
 class StreamTransform(Protocol):
@@ -144,22 +150,26 @@ class ChatRequest:
     t_start: float = field(default_factory=time.perf_counter)
     # Set by stages, read by the relay/routing/metrics.
     response_headers: dict[str, str] = field(default_factory=dict)
-    # Run after a backend is picked, before the body is sent: (req, backend) -> None.
-    # The image stage rewrites for the chosen backend's budget here.
-    before_send: list[Hook] = field(default_factory=list)
-    # Run with the complete, successful response dict: (req, completion) -> None.
-    on_complete: list[Hook] = field(default_factory=list)
-    # Run once when the request ends, however it ends (success, error, client abort):
-    # (req) -> None or awaitable. Releases per-request holds such as concurrency slots.
-    on_finish: list[Callable[..., Any]] = field(default_factory=list)
-    # Free-form per-stage state (cache keys, affinity keys, tenant limits, ...).
-    state: dict[str, Any] = field(default_factory=dict)
+    # Stages whose hooks (before_send, on_complete, on_finish) run for this request, in
+    # the order they subscribed (core/stage.py); ``wants_completion``: a subscriber needs
+    # the complete answer (a stream is then assembled as it passes).
+    hooks: list[Subscriber] = field(default_factory=list)
+    wants_completion: bool = False
+    # Typed per-request state, keyed by slots their writers declare (core/state.py).
+    state: State = field(default_factory=State)
     # Gateway-side CPU/wait time spent outside the upstream call (seconds).
     upstream_s: float = 0.0
     # Every media part (images included, in order); ``images`` is its image subset.
     media: list[MediaPart] = field(default_factory=list)
     # Media bytes this request counts against its limits and holds in memory.
     media_bytes: MediaTally = field(default_factory=MediaTally)
+
+    def subscribe(self, stage: Subscriber, completion: bool = False) -> None:
+        """Run ``stage``'s hooks for this request (once, however often it asks)."""
+        if stage not in self.hooks:
+            self.hooks.append(stage)
+        if completion:
+            self.wants_completion = True
 
     def visual_items(self) -> int:
         """Parts a per-minute image limit counts: images, videos, image embeddings."""

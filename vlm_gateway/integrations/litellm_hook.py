@@ -30,19 +30,18 @@ Only this module imports litellm; the gateway core never does.
 from __future__ import annotations
 
 import asyncio
-import binascii
 import hashlib
 import os
 import threading
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import litellm
-import pybase64
 from litellm.integrations.custom_logger import CustomLogger
 
+from .. import data_uri
 from ..config import GatewayConfig, ImagesConfig, load_config
+from ..lru import LRU
 from ..stages.images import Policy, rewrite_bytes
 from ..stages.images.decode import ImageError
 from ..stages.images.policy import resolve
@@ -55,31 +54,16 @@ class _Lru:
     """Rewritten data URIs by (source hash, policy), bounded by bytes; thread-safe."""
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.size = 0
-        self.items: OrderedDict[str, tuple[str, int, int]] = OrderedDict()
+        self.lru: LRU[str, tuple[str, int, int]] = LRU(max_bytes=max_bytes or 1, size=lambda v: len(v[0]))
         self.lock = threading.Lock()
 
     def get(self, key: str):
         with self.lock:
-            v = self.items.get(key)
-            if v is not None:
-                self.items.move_to_end(key)
-            return v
+            return self.lru.get(key)
 
     def put(self, key: str, value: tuple[str, int, int]) -> None:
-        n = len(value[0])
-        if n > self.max_bytes:
-            return
         with self.lock:
-            old = self.items.pop(key, None)
-            if old is not None:
-                self.size -= len(old[0])
-            self.items[key] = value
-            self.size += n
-            while self.size > self.max_bytes:
-                _, v = self.items.popitem(last=False)
-                self.size -= len(v[0])
+            self.lru.put(key, value)
 
 
 def _load(config: GatewayConfig | ImagesConfig | dict | str | None) -> ImagesConfig:
@@ -147,13 +131,12 @@ class ImageRewriteHook(CustomLogger):
             return  # http(s) URLs: the engine fetches them
         detail = iu.get("detail") if isinstance(iu, dict) else None
         policy = self.policy_for(model, detail)
-        head, sep, b64 = url.partition(",")
-        if not sep or ";base64" not in head.lower():
+        if not data_uri.is_base64(url):
             raise litellm.BadRequestError("image_url data URI must be base64-encoded", model=model,
                                           llm_provider="vlm-gateway")
         try:
-            raw = pybase64.b64decode("".join(b64.split()), validate=True)
-        except (binascii.Error, ValueError):
+            raw = data_uri.decode(url)
+        except data_uri.DataUriError:
             raise litellm.BadRequestError("image_url data URI is not valid base64", model=model,
                                           llm_provider="vlm-gateway") from None
         key = hashlib.sha256(raw).hexdigest() + "|" + policy.key

@@ -5,15 +5,14 @@
   leave), in-flight count;
 - ``POST /admin/backends/{name}/drain`` / ``undrain``: stop / resume sending new
   requests to a backend (in-flight ones finish);
-- ``POST /admin/cache/flush``: run the flush hooks the cache modules registered in
-  ``gateway.cache_flushers`` (async callables; each returns a count or None).
+- ``POST /admin/cache/flush``: flush every cache of the stage chain (``Stage.flush``; what
+  each forgot, by name).
 
 They act on the worker that answers; with several workers or replicas call each.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 
 import orjson
@@ -37,7 +36,7 @@ def _guarded(fn):
     async def endpoint(request: Request) -> Response:
         gw = request.app.state.gateway
         try:
-            check_admin(gw, request.headers)
+            check_admin(gw.cfg.auth, request.headers)
             return await fn(gw, request)
         except GatewayError as e:
             return Response(e.json(), status_code=e.status, media_type="application/json", headers=e.headers)
@@ -76,12 +75,7 @@ async def undrain(gw, request: Request) -> Response:
 
 
 async def flush(gw, request: Request) -> Response:
-    flushed = {}
-    for fn in gw.cache_flushers:
-        r = fn()
-        if inspect.isawaitable(r):
-            r = await r
-        flushed[getattr(fn, "__qualname__", "cache")] = r
+    flushed = await gw.chain.flush()
     log.warning("caches flushed by an admin request")
     return _json({"flushed": flushed})
 

@@ -42,7 +42,7 @@ async def models(request: Request) -> Response:
     if gw.cfg.auth.tenants:  # with API keys, a key sees only the models it may use
         from ..stages.auth import visible_models
         try:
-            names = visible_models(gw, request.headers, names)
+            names = visible_models(gw.keys, request.headers, names)
         except GatewayError as e:
             return Response(e.json(), status_code=e.status, media_type="application/json")
     data = [{"id": m, "object": "model", "created": 0, "owned_by": "vlm-gateway"} for m in names]

@@ -5,7 +5,6 @@ disconnect (which cancels the upstream request, stream or not)."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from typing import TYPE_CHECKING, Callable
@@ -13,15 +12,17 @@ from typing import TYPE_CHECKING, Callable
 import orjson
 
 from .. import metrics
-from ..stages import Reply, run_stages
-from .body import read_json_body
 from ..core import timing
 from ..core.errors import GatewayError
+from ..core.stage import Reply
 from ..core.timing import Timing
+from ..stages.chain import Chain
 from .connection_guard import FIRST_BYTE
 from . import recent
+from .body import read_json_body
 from .relay import Responder
 from .sse import fresh_ids, replay
+from .summary import backend_name, overhead_s
 
 if TYPE_CHECKING:
     from .gateway import Gateway
@@ -35,20 +36,10 @@ async def _until_disconnect(receive) -> None:
         pass
 
 
-async def _run_finish(req: "ChatRequest") -> None:
-    for cb in req.on_finish:
-        try:
-            r = cb(req)
-            if inspect.isawaitable(r):
-                await r
-        except Exception:
-            log.exception("on_finish hook failed (request %s)", req.request_id)
-
-
-async def _finish(req: "ChatRequest") -> None:
-    """Run ``req.on_finish`` hooks to completion even when this task is being cancelled
+async def _finish(chain: Chain, req: "ChatRequest") -> None:
+    """Run the chain's ``finish`` to completion even when this task is being cancelled
     (a client abort must still release what the request holds)."""
-    task = asyncio.ensure_future(_run_finish(req))
+    task = asyncio.ensure_future(chain.finish(req))
     try:
         await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -63,11 +54,10 @@ def error_headers(err: GatewayError, request_id: str | None,
     h = [(b"content-type", b"application/json")]
     if request_id:
         h.append((b"x-request-id", request_id.encode()))
-    b = req.state.get("backend") if req is not None else None
-    h.append((b"x-vlm-gateway-backend", b.name.encode() if b is not None else b"none"))
+    b = backend_name(req) if req is not None else None
+    h.append((b"x-vlm-gateway-backend", b.encode() if b is not None else b"none"))
     if req is not None:
-        overhead = (time.perf_counter() - req.t_start - req.upstream_s) * 1000.0
-        h.append((b"x-vlm-gateway-overhead-ms", b"%.3f" % overhead))
+        h.append((b"x-vlm-gateway-overhead-ms", b"%.3f" % (overhead_s(req) * 1000.0)))
         if req.timing is not None:
             h.append((b"server-timing", req.timing.server_timing()))
     merged = {k.lower(): v for k, v in (req.response_headers.items() if req is not None else ())}
@@ -103,12 +93,11 @@ class CompletionEndpoint:
             req = self.parse(raw, headers, rid)
             tm.parsed = time.perf_counter()
             req.t_start, req.timing = tm.first_byte, tm
-            req.state["scope_state"] = state
             state["req"] = req
             model = req.model if req.model in gw.pool.known_models else "other"
             disconnect = asyncio.ensure_future(_until_disconnect(receive))
             disconnect.add_done_callback(lambda t: None if out.finishing or t.cancelled() else me.cancel())
-            reply = await run_stages(gw.stages, req)
+            reply = await gw.chain.run(req)
             if reply is not None:
                 await self._reply(gw, req, reply, out)
             elif req.stream:
@@ -139,13 +128,12 @@ class CompletionEndpoint:
         finally:
             if disconnect is not None:
                 disconnect.cancel()
-            if req is not None and req.on_finish:
-                await _finish(req)
+            if req is not None and gw.chain.pending(req):
+                await _finish(gw.chain, req)
             state["status"] = status
             metrics.REQUESTS.labels(self.route, model, str(status)).inc()
             if req is not None:
-                metrics.OVERHEAD.labels(self.route).observe(
-                    max(0.0, time.perf_counter() - req.t_start - req.upstream_s))
+                metrics.OVERHEAD.labels(self.route).observe(overhead_s(req))
                 for phase, seconds in tm.phases().items():
                     metrics.OVERHEAD_PHASE.labels(self.route, phase).observe(seconds)
             recent.record(self.route, req, status)

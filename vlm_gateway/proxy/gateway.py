@@ -4,67 +4,58 @@ One instance per worker process, created in the app's lifespan."""
 from __future__ import annotations
 
 import logging
-import time
-from typing import TYPE_CHECKING
-
 from ..backends.backend import Backend
 from ..backends.pool import Pool
 from ..backends.profiles import load_profiles
+from ..backends.transport import TransportFactory
 from ..config import GatewayConfig
-from ..stages import Stage
+from ..core.clock import Clock, monotonic
+from ..core.request import ChatRequest
+from ..stages.auth import Auth, KeyTable
+from ..stages.chain import Chain
 from .relay import Relay
-
-if TYPE_CHECKING:
-    from ..core.request import ChatRequest
+from .summary import backend_name, overhead_s
 
 log = logging.getLogger("vlm_gateway")
 
 
 class Gateway:
-    def __init__(self, cfg: GatewayConfig) -> None:
+    """``clock`` and ``transport`` are the seams for in-process tests (core/clock.py,
+    backends/transport.py); production uses the defaults."""
+
+    def __init__(self, cfg: GatewayConfig, clock: Clock = monotonic, transport: TransportFactory | None = None) -> None:
         self.cfg = cfg
         profiles = load_profiles(cfg.profiles)
         backends = [Backend.from_config(b, i, profiles.get(b.profile)) for i, b in enumerate(cfg.backends)]
-        self.pool = Pool(cfg, backends)
+        self.pool = Pool(cfg, backends, clock, transport)
         self.discovery = None
         if cfg.discovery:
             from ..backends.discovery.reconcile import Reconciler
             self.discovery = Reconciler(cfg, self.pool)
-        self.relay = Relay(self)
-        self.stages: list[Stage] = []
-        self.closers: list = []
-        # async () -> count|None, called by POST /admin/cache/flush (L1 images, L3 responses)
-        self.cache_flushers: list = []
-        self._build_stages()
-
-    def _build_stages(self) -> None:
-        """auth/rate-limit -> image rewrite (L1) -> L3 lookup (DESIGN.md order)."""
-        from ..stages import chain
-        self.stages = chain.build(self)
+        self.chain = Chain(cfg, self.pool.slo)
+        self.relay = Relay(self.pool, cfg, self.chain, self.response_headers)
+        auth = self.chain.find(Auth)
+        # the tenant key table (/v1/models shows a key its models); empty with auth off
+        self.keys: KeyTable = auth.table if auth is not None else KeyTable([])
 
     async def start(self) -> None:
         await self.pool.start()
         if self.discovery is not None:
             await self.discovery.start()
-        from ..stages import chain
-        await chain.start(self)
+        await self.chain.start()
 
     async def close(self) -> None:
-        for c in reversed(self.closers):
-            try:
-                await c()
-            except Exception:  # pragma: no cover - best effort on shutdown
-                log.exception("error while closing")
+        await self.chain.close()
         if self.discovery is not None:
             await self.discovery.close()
         await self.pool.close()
 
-    def response_headers(self, req: "ChatRequest", content_type: bytes) -> list[tuple[bytes, bytes]]:
-        overhead = (time.perf_counter() - req.t_start - req.upstream_s) * 1000.0
-        b = req.state.get("backend")
+    @staticmethod
+    def response_headers(req: ChatRequest, content_type: bytes) -> list[tuple[bytes, bytes]]:
+        b = backend_name(req)
         h = [(b"content-type", content_type),
-             (b"x-vlm-gateway-overhead-ms", b"%.3f" % overhead),
-             (b"x-vlm-gateway-backend", b.name.encode() if b is not None else b"none"),
+             (b"x-vlm-gateway-overhead-ms", b"%.3f" % (overhead_s(req) * 1000.0)),
+             (b"x-vlm-gateway-backend", b.encode() if b is not None else b"none"),
              (b"x-request-id", req.request_id.encode())]
         if req.timing is not None:
             h.append((b"server-timing", req.timing.server_timing()))

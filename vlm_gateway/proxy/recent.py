@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..core.request import ChatRequest
+from ..core.request import ChatRequest
+from . import summary
 
 RECENT: deque[dict[str, Any]] = deque(maxlen=50)
 
@@ -21,15 +21,15 @@ def record(route: str, req: "ChatRequest | None", status: int) -> None:
     """Called once per completion request, after the response is finished."""
     entry: dict[str, Any] = {"time": time.time(), "route": route, "status": status}
     if req is not None:
-        b = req.state.get("backend")
+        now = time.perf_counter()
+        before, after = summary.visual_tokens(req)
         entry.update(
             request_id=req.request_id, model=req.model, stream=req.stream, tenant=req.tenant,
-            backend=b.name if b is not None else None, images=len(req.images),
-            visual_tokens_before=sum(i.tokens_before for i in req.images),
-            visual_tokens_after=sum(i.tokens_after for i in req.images),
-            duration_ms=round((time.perf_counter() - req.t_start) * 1000.0, 1),
-            overhead_ms=round(max(0.0, time.perf_counter() - req.t_start - req.upstream_s) * 1000.0, 2),
-            cache=next((v for k, v in req.response_headers.items() if k.lower() == "x-vlm-gateway-cache"), None),
+            backend=summary.backend_name(req), images=len(req.images),
+            visual_tokens_before=before, visual_tokens_after=after,
+            duration_ms=round((now - req.t_start) * 1000.0, 1),
+            overhead_ms=round(summary.overhead_s(req, now) * 1000.0, 2),
+            cache=summary.cache_result(req),
         )
     RECENT.append(entry)
 

@@ -18,25 +18,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Callable
 
 import aiohttp
 import orjson
 
 from .. import metrics
+from ..backends.backend import CHOSEN, Backend
+from ..backends.pool import Pool
+from ..backends.slo import Sent
+from ..config import GatewayConfig
 from ..core.errors import BadGateway, GatewayError, GatewayTimeout, Unavailable
+from ..core.request import ChatRequest
+from ..core.state import Slot
+from ..stages.chain import Chain
 from .sse import DONE, KEEPALIVE, EventTooLarge, StreamWatcher, event
-
-if TYPE_CHECKING:
-    from ..backends.backend import Backend
-    from ..backends.slo import Sent
-    from .gateway import Gateway
-    from ..core.request import ChatRequest
 
 log = logging.getLogger("vlm_gateway.relay")
 
 PATHS = {"chat": "/chat/completions", "completions": "/completions"}
 _MAX_ERROR_BODY = 64 * 1024
+# the engine's usage object of a successful answer (the access log reads it)
+USAGE: Slot[dict[str, Any]] = Slot("usage")
 
 
 class Responder:
@@ -113,13 +116,16 @@ def _error_message(obj: dict) -> str:
 
 
 class Relay:
-    def __init__(self, gw: "Gateway") -> None:
-        self.gw = gw
-        self.pool = gw.pool
-        up = gw.cfg.upstream
+    def __init__(self, pool: Pool, cfg: GatewayConfig, chain: Chain,
+                 response_headers: Callable[["ChatRequest", bytes], list[tuple[bytes, bytes]]]) -> None:
+        self.pool = pool
+        self.chain = chain
+        self.response_headers = response_headers
+        self.max_retries = cfg.routing.max_retries
+        up = cfg.upstream
         self.timeout = aiohttp.ClientTimeout(total=up.total_timeout_s, connect=up.connect_timeout_s,
                                              sock_read=up.read_timeout_s)
-        self.keepalive = gw.cfg.server.keepalive_interval_s
+        self.keepalive = cfg.server.keepalive_interval_s
         self.max_response = up.max_response_bytes
         self.max_event = up.max_sse_event_bytes
 
@@ -131,7 +137,7 @@ class Relay:
         path = PATHS[req.route]
         headers = {"content-type": "application/json", "x-request-id": req.request_id}
         tm = req.timing
-        for attempt in range(self.gw.cfg.routing.max_retries + 1):
+        for attempt in range(self.max_retries + 1):
             t_route = time.perf_counter()
             pooled = tm.queue_s + tm.media_s if tm is not None else 0.0
             try:
@@ -140,11 +146,11 @@ class Relay:
                 if last is not None:
                     raise last from None
                 raise
-            req.state["backend"] = b
+            req.state[CHOSEN] = b
             t0 = time.perf_counter()
             try:
-                for hook in req.before_send:
-                    await hook(req, b)
+                if req.hooks:
+                    await self.chain.before_send(req, b)
                 data = req.encode()
                 t0 = time.perf_counter()
                 if tm is not None:  # pool time of the hooks (rewrites for this backend) is not routing
@@ -232,7 +238,7 @@ class Relay:
         self.pool.record_success(b)
         metrics.UPSTREAM_E2E.labels(b.name).observe(time.perf_counter() - t_sent)
         if usage:
-            req.state["usage"] = usage
+            req.state[USAGE] = usage
             pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
             if isinstance(pt, int):
                 metrics.TOKENS.labels(req.model, "prompt").inc(pt)
@@ -288,9 +294,9 @@ class Relay:
         if req.response_transform is not None and req.response_transform.completion(completion):
             body = orjson.dumps(completion)
         self._done(req, b, t_sent, completion.get("usage"))
-        for hook in req.on_complete:
-            await hook(req, completion)
-        await out.start(200, self.gw.response_headers(req, b"application/json"))
+        if req.wants_completion:
+            await self.chain.complete(req, completion)
+        await out.start(200, self.response_headers(req, b"application/json"))
         await out.end(body)
 
     # -- stream ------------------------------------------------------------------------
@@ -315,8 +321,8 @@ class Relay:
             raise
         b, resp = opening.result()
         if not out.started:
-            await out.start(200, self.gw.response_headers(req, b"text/event-stream"))
-        watcher = StreamWatcher(assemble=bool(req.on_complete), max_event_bytes=self.max_event,
+            await out.start(200, self.response_headers(req, b"text/event-stream"))
+        watcher = StreamWatcher(assemble=req.wants_completion, max_event_bytes=self.max_event,
                                 max_assembled_bytes=self.max_response)
         tf = req.response_transform.stream() if req.response_transform is not None else None
         it = resp.content.iter_any().__aiter__()
@@ -385,17 +391,16 @@ class Relay:
                 self._done(req, b, t_sent, watcher.usage)
             else:
                 self._release(b, failed=failed)
-        if ok and req.on_complete:
+        if ok and req.wants_completion:
             completion = watcher.completion()
             if completion is not None:
-                for hook in req.on_complete:
-                    await hook(req, completion)
+                await self.chain.complete(req, completion)
         if not out.finishing:
             await out.end()
 
     async def _keepalive(self, req: "ChatRequest", out: Responder) -> None:
         if not out.started:
-            await out.start(200, self.gw.response_headers(req, b"text/event-stream"))
+            await out.start(200, self.response_headers(req, b"text/event-stream"))
         await out.body(KEEPALIVE)
 
     async def _stream_error(self, out: Responder, err: GatewayError) -> None:

@@ -18,17 +18,12 @@ admin key is, /ui is disabled: the status view would show every tenant's traffic
 from __future__ import annotations
 
 import asyncio
-import binascii
-import hashlib
-import hmac
-import inspect
 import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import pybase64
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -36,10 +31,13 @@ from starlette.staticfiles import StaticFiles
 
 from .. import metrics
 from ..config import GatewayConfig
+from ..data_uri import DataUriError, decode as data_uri_decode
+from ..stages.auth import check_admin
+from ..stages.images.stage import PLAN, ImageRewriter
 from ..vision_tokens import visual_tokens
 from . import recent
 from .body import read_json_body
-from ..core.errors import BadRequest, GatewayError, NotFound, Unauthorized
+from ..core.errors import BadRequest, GatewayError, NotFound
 from ..core.request import ChatRequest, ImagePart
 
 if TYPE_CHECKING:
@@ -63,24 +61,10 @@ def _gateway(request: Request) -> "Gateway":
     return request.app.state.gateway
 
 
-def _check_key(cfg: GatewayConfig, request: Request) -> None:
-    want = cfg.auth.admin_key_sha256
-    if not want:
-        return
-    auth = request.headers.get("authorization", "")
-    key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-    if not key:
-        raise Unauthorized("The /ui APIs need the admin key as 'Authorization: Bearer <key>'",
-                           code="missing_api_key")
-    got = hashlib.sha256(key.encode()).hexdigest()
-    if not hmac.compare_digest(got, want.lower()):
-        raise Unauthorized("The key is not the admin key", code="invalid_api_key")
-
-
 def _guarded(cfg: GatewayConfig, handler):
     async def endpoint(request: Request) -> Response:
         try:
-            _check_key(cfg, request)
+            check_admin(cfg.auth, request.headers, "/ui APIs", open_without_key=True)
             return await handler(request)
         except GatewayError as e:
             return _error(e)
@@ -111,10 +95,9 @@ def _decode_data_uri(value: Any) -> tuple[bytes, str]:
     if not isinstance(value, str) or not _DATA_URI.match(value):
         raise BadRequest("'image' must be a base64 data URI (data:image/...;base64,...)",
                          param="image", code="invalid_type")
-    head, _, b64 = value.partition(",")
     try:
-        return pybase64.b64decode("".join(b64.split()), validate=True), value
-    except (binascii.Error, ValueError):
+        return data_uri_decode(value), value
+    except DataUriError:
         raise BadRequest("'image' is not valid base64", param="image", code="invalid_image") from None
 
 
@@ -135,7 +118,7 @@ async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: 
     and no request metrics are counted."""
     if not gw.cfg.images.enabled:
         return data_uri, {"rewritten": False, "reason": "image rewriting is switched off (images.enabled)"}
-    rewriter = getattr(gw, "image_rewriter", None)
+    rewriter = gw.chain.find(ImageRewriter)
     if rewriter is None:
         return data_uri, {"rewritten": False, "reason": "the image stage is not installed"}
     part: dict[str, Any] = {"type": "image_url", "image_url": {"url": data_uri}}
@@ -148,33 +131,31 @@ async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: 
     try:
         await rewriter(req)
     finally:
-        for cb in req.on_finish:  # give back the media bytes the stage held for this request
-            if inspect.isawaitable(r := cb(req)):
-                await r
-    plan = req.state.get("images") or {}
+        await gw.chain.finish(req)  # give back the media bytes the stage held for this request
+    plan = req.state.get(PLAN)
     info: dict[str, Any] = {"tokens_before": image.tokens_before, "tokens_after": image.tokens_after}
-    if plan.get("results"):
-        info["conversions"] = list(plan["results"][0][0].conversions)
-        info["image_budget"] = _budget_info(plan["results"][0][0])
+    if plan is not None and plan.results:
+        info["conversions"] = list(plan.results[0][0].conversions)
+        info["image_budget"] = _budget_info(plan.results[0][0])
     try:
         backend = gw.pool.policy.rank(req, gw.pool.candidates(req))[0]
     except GatewayError:
         backend = None
     info["backend"] = backend.name if backend is not None else None
     cap = (backend.profile or {}).get("image_max_long_side") if backend is not None else None
-    if plan.get("policies") and isinstance(cap, (int, float)) and cap > 0:
-        pol = plan["policies"][0]
+    if plan is not None and plan.policies and isinstance(cap, (int, float)) and cap > 0:
+        pol = plan.policies[0]
         capped = pol.capped(int(cap))
         if capped != pol:
-            r, _ = await rewriter.rewritten(image, plan["sources"][0], capped)
+            r, _ = await rewriter.rewritten(image, plan.sources[0], capped)
             info["tokens_after"] = r.tokens_after
             info["budget"] = r.budget.long_side if r.budget is not None else capped.max_long_side
             info["image_budget"] = _budget_info(r)
             info["conversions"] = list(r.conversions)
             return (r.url or data_uri), {**info, "rewritten": r.url is not None}
-    if plan.get("policies"):
-        b = plan["results"][0][0].budget if plan.get("results") else None
-        info["budget"] = b.long_side if b is not None else plan["policies"][0].max_long_side
+    if plan is not None and plan.policies:
+        b = plan.results[0][0].budget if plan.results else None
+        info["budget"] = b.long_side if b is not None else plan.policies[0].max_long_side
     url = image.url
     return url, {**info, "rewritten": url != data_uri}
 

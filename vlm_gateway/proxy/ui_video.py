@@ -12,19 +12,18 @@ APIs' (ui.py).
 
 from __future__ import annotations
 
-import binascii
-import inspect
 import re
 import time
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import pybase64
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .. import data_uri
 from ..config import GatewayConfig
+from ..stages.images.media import MediaStage
 from ..stages.video.stage import engine_frames
 from ..core.errors import BadRequest, PayloadTooLarge
 from ..core.request import ChatRequest, MediaPart
@@ -63,8 +62,8 @@ def _video_bytes(value: Any) -> bytes:
         raise BadRequest("'video' must be a base64 data URI (data:video/...;base64,...)", param="video",
                          code="invalid_type")
     try:
-        return pybase64.b64decode("".join(value.partition(",")[2].split()), validate=True)
-    except (binascii.Error, ValueError):
+        return data_uri.decode(value)
+    except data_uri.DataUriError:
         raise BadRequest("'video' is not valid base64", param="video", code="invalid_video") from None
 
 
@@ -79,11 +78,11 @@ def route(cfg: GatewayConfig):
                              code="missing_required_parameter")
         value = body.get("video")
         src_len = len(_video_bytes(value))
-        rewriter = getattr(gw, "video_rewriter", None)
-        if rewriter is None:
+        stage = gw.chain.find(MediaStage)
+        rewriter = stage.video if stage is not None else None
+        if stage is None or rewriter is None:
             return _json({"model": model, "rewritten": False, "before": {"bytes": src_len}, "after": {"bytes": src_len},
                           "reason": "video rewriting is switched off (video.enabled)", "video": value})
-        stage = gw.media_stage
         part_json = {"type": "video_url", "video_url": {"url": value}}
         req = ChatRequest(body={"model": model, "messages": [{"role": "user", "content": [part_json]}]},
                           route="chat", model=model, stream=False, headers={}, request_id="ui-rewrite-video",
@@ -96,9 +95,7 @@ def route(cfg: GatewayConfig):
                 e.param = "video"
             raise
         finally:
-            for cb in req.on_finish:  # give back the media bytes the stage held
-                if inspect.isawaitable(r := cb(req)):
-                    await r
+            await gw.chain.finish(req)  # give back the media bytes the stage held
         ms = (time.perf_counter() - t0) * 1000.0
         part = req.media[0]
         v = part.video

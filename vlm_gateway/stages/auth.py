@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import TYPE_CHECKING
-
-from ..config import TenantConfig
+from ..config import AuthConfig, GatewayConfig, TenantConfig
 from ..core.errors import Forbidden, Unauthorized
-
-if TYPE_CHECKING:
-    from ..proxy.gateway import Gateway
-    from ..core.request import ChatRequest
+from ..core.request import ChatRequest
+from ..core.stage import Stage
+from ..core.state import Slot
 
 ANONYMOUS = "anonymous"
+# the tenant the key belongs to (absent with auth off)
+TENANT: Slot[TenantConfig] = Slot("tenant")
 
 
 def hash_key(key: str) -> str:
@@ -75,20 +74,24 @@ def scope_of(t: TenantConfig) -> str:
     return f"scope:{t.cache_scope}" if t.cache_scope else f"tenant:{t.name}"
 
 
-def check_admin(gw: "Gateway", headers) -> None:
-    """Admin endpoints: 403 when no admin key is configured (there is none to send), else
-    401 without a key and 403 with another key."""
-    digest = gw.cfg.auth.admin_key_sha256
+def check_admin(auth: AuthConfig, headers, what: str = "admin endpoints", open_without_key: bool = False) -> None:
+    """The one admin check (``/admin/*`` and the ``/ui`` APIs): 401 without a key, 403
+    with a key that is not the admin key. Without a configured admin key: 403 (there is
+    none to send), or no check at all where ``open_without_key`` (the /ui APIs, which are
+    then served only while API keys are off: ``proxy/app.ui_served``)."""
+    digest = auth.admin_key_sha256
     if not digest:
-        raise Forbidden("The admin endpoints are off: no admin key is configured (auth.admin_key_sha256)",
+        if open_without_key:
+            return
+        raise Forbidden(f"The {what} are off: no admin key is configured (auth.admin_key_sha256)",
                         code="admin_disabled", reason="admin_disabled")
     key = bearer(headers)
     if key is None:
-        raise Unauthorized("Missing admin key: send it as 'Authorization: Bearer <key>'",
+        raise Unauthorized(f"The {what} need the admin key: send it as 'Authorization: Bearer <key>'",
                            code="missing_api_key", reason="missing_api_key")
     if not hmac.compare_digest(bytes.fromhex(digest.lower()),
-                                             hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()):
-        raise Forbidden("This key may not use admin endpoints", code="admin_key_required",
+                               hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()):
+        raise Forbidden(f"This key may not use the {what}", code="admin_key_required",
                         reason="admin_key_required")
 
 
@@ -98,26 +101,28 @@ def check_model_access(t: TenantConfig, model: str) -> None:
                         code="model_not_allowed", reason="model_not_allowed")
 
 
-def make(gw: "Gateway"):
-    tenants = gw.cfg.auth.tenants
-    if not tenants:
-        return None
-    table = KeyTable(tenants)
-    gw.state_auth = table  # type: ignore[attr-defined]  # reused by /v1/models and admin routes
+class Auth(Stage):
+    """Bearer key -> tenant (401/403); sets ``req.tenant``, ``req.cache_scope`` and ``TENANT``."""
 
-    async def auth(req: "ChatRequest"):
-        t = authenticate(table, req.headers)
+    name = "auth"
+
+    def __init__(self, tenants: list[TenantConfig]) -> None:
+        self.table = KeyTable(tenants)  # reused by /v1/models
+
+    @classmethod
+    def from_config(cls, cfg: GatewayConfig, shared) -> "Auth | None":
+        return cls(cfg.auth.tenants) if cfg.auth.tenants else None
+
+    async def __call__(self, req: ChatRequest):
+        t = authenticate(self.table, req.headers)
         check_model_access(t, req.model)
         req.tenant = t.name
         req.cache_scope = scope_of(t)
-        req.state["tenant_cfg"] = t
+        req.state[TENANT] = t
         return None
 
-    return auth
 
-
-def visible_models(gw: "Gateway", headers, names: list[str]) -> list[str]:
+def visible_models(table: KeyTable, headers, names: list[str]) -> list[str]:
     """GET /v1/models with auth on: 401 without a valid key, else the key's allowed models."""
-    table = getattr(gw, "state_auth", None) or KeyTable(gw.cfg.auth.tenants)
     t = authenticate(table, headers)
     return [m for m in names if not t.models or m in t.models]

@@ -1,39 +1,122 @@
-"""Assemble the stage chain from the configuration.
+"""The stage chain: the one explicit list of stages, in order, and what they share.
 
-Each stage module exposes ``make(gateway) -> Stage | None`` (None = switched off by
-config) and optionally ``async start(gateway)``. The order is fixed here:
-auth and limits first, then the other media parts (video, audio), then images
-(L1), grounding (the coordinate frames the images leave), then the response cache (L3).
+    STAGES = Auth -> RateLimit -> Limits -> MediaStage (video, audio, embeddings)
+             -> ImageRewriter (L1) -> GroundingStage -> ResponseCache (L3)
+
+Each entry is a ``Stage`` class (``core/stage.py``) whose ``from_config(cfg, shared)``
+takes its config section and the shared parts and returns the stage, or None when
+config switches it off. ``Shared`` holds what several stages use: the process's bound
+on media bytes in flight, the one media source policy (fetcher, pool, URL memo) and the
+model pools' SLO budget levels (``BudgetLevels``: the backends' controllers, read by the
+image stage).
+The chain runs the hooks of the stages a request subscribed to and, when the request
+ends, gives back the media bytes it held.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING
+import logging
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from ..proxy.gateway import Gateway
-    from . import Stage
+from ..config import GatewayConfig
+from ..core.request import ChatRequest
+from ..core.stage import Reply, Stage
+from .auth import Auth
+from .cache.stage import ResponseCache
+from .grounding.stage import GroundingStage
+from .images.inflight import MediaBudget
+from .images.media import MediaStage
+from .images.source import MediaSources
+from .images.stage import ImageRewriter
+from .limits import Limits
+from .ratelimit import RateLimit
 
-# module names under vlm_gateway.stages, in order
-ORDER = ("auth", "ratelimit", "limits", "images.media", "images.stage", "grounding.stage", "cache.stage")
+log = logging.getLogger("vlm_gateway.stages")
 
+STAGES: tuple[type, ...] = (Auth, RateLimit, Limits, MediaStage, ImageRewriter, GroundingStage, ResponseCache)
 
-def _modules():
-    for name in ORDER:
-        yield importlib.import_module(f"{__package__}.{name}")
-
-
-def build(gw: "Gateway") -> list["Stage"]:
-    stages = []
-    for mod in _modules():
-        stage = mod.make(gw)
-        if stage is not None:
-            stages.append(stage)
-    return stages
+S = TypeVar("S", bound=Stage)
 
 
-async def start(gw: "Gateway") -> None:
-    for mod in _modules():
-        if hasattr(mod, "start"):
-            await mod.start(gw)
+class BudgetLevels(Protocol):
+    def level(self, model: str) -> int:
+        """The model pool's SLO budget level now (0: full budgets)."""
+
+
+class FullBudgets:
+    def level(self, model: str) -> int:
+        return 0
+
+
+@dataclass(slots=True)
+class Shared:
+    """Parts several stages share, one per process."""
+
+    budget: MediaBudget
+    sources: MediaSources
+    levels: BudgetLevels
+
+
+class Chain:
+    def __init__(self, cfg: GatewayConfig, levels: BudgetLevels | None = None) -> None:
+        budget = MediaBudget(cfg.limits)
+        self.shared = Shared(budget, MediaSources(cfg.images, cfg.limits, budget), levels or FullBudgets())
+        built = (cls.from_config(cfg, self.shared) for cls in STAGES)
+        self.stages: list[Stage] = [s for s in built if s is not None]
+
+    def find(self, cls: type[S]) -> S | None:
+        """The installed stage of this class (None when config switched it off)."""
+        return next((s for s in self.stages if isinstance(s, cls)), None)
+
+    # -- per request -------------------------------------------------------------------
+    async def run(self, req: ChatRequest) -> Reply | None:
+        for stage in self.stages:
+            reply = await stage(req)
+            if reply is not None:
+                return reply
+        return None
+
+    @staticmethod
+    async def before_send(req: ChatRequest, backend) -> None:
+        for s in req.hooks:
+            await s.before_send(req, backend)
+
+    @staticmethod
+    async def complete(req: ChatRequest, completion: dict) -> None:
+        for s in req.hooks:
+            await s.on_complete(req, completion)
+
+    def pending(self, req: ChatRequest) -> bool:
+        """Whether ``finish`` has anything to do for this request."""
+        return bool(req.hooks) or req.media_bytes.held > 0
+
+    async def finish(self, req: ChatRequest) -> None:
+        """Once when the request ends, however it ends: every subscriber's ``on_finish``
+        (a failing one is logged, the others still run), then the media bytes it held."""
+        for s in req.hooks:
+            try:
+                await s.on_finish(req)
+            except Exception:
+                log.exception("on_finish of %s failed (request %s)", type(s).__name__, req.request_id)
+        self.shared.budget.release(req)
+
+    # -- per process -------------------------------------------------------------------
+    async def start(self) -> None:
+        for s in self.stages:
+            await s.start()
+
+    async def close(self) -> None:
+        for s in reversed(self.stages):
+            try:
+                await s.close()
+            except Exception:  # pragma: no cover - best effort on shutdown
+                log.exception("error while closing stage %s", s.name)
+        await self.shared.sources.close()
+
+    async def flush(self) -> dict[str, int | None]:
+        """``POST /admin/cache/flush``: what each cache forgot, by name."""
+        out: dict[str, int | None] = {"MediaSources.flush": self.shared.sources.flush()}
+        for s in self.stages:
+            out.update(await s.flush())
+        return out

@@ -18,15 +18,13 @@ own default (often the whole context) cannot exceed it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from ..config import GatewayConfig, LimitsConfig
 from ..core.errors import BadRequest
-from .images.inflight import for_gateway
+from ..core.request import ChatRequest
+from ..core.stage import Stage
+from .auth import TENANT
+from .images.inflight import MediaBudget
 from .images.source import inline_size, payload_bytes
-
-if TYPE_CHECKING:
-    from ..proxy.gateway import Gateway
-    from ..core.request import ChatRequest
 
 
 def inline_bytes(url: str) -> int:
@@ -46,18 +44,26 @@ _COUNTS = {"image": ("images", "max_images_per_request"), "embeds": ("images", "
            "video": ("videos", "max_videos_per_request"), "audio": ("audios", "max_audios_per_request")}
 
 
-def make(gw: "Gateway"):
-    lim = gw.cfg.limits
-    allow_embeds = gw.cfg.images.allow_image_embeds
-    video_rewrite = gw.cfg.video.enabled
-    budget = for_gateway(gw)
+class Limits(Stage):
+    name = "limits"
 
-    async def limits(req: "ChatRequest"):
+    def __init__(self, limits: LimitsConfig, allow_embeds: bool, video_rewrite: bool, budget: MediaBudget) -> None:
+        self.lim = limits
+        self.allow_embeds = allow_embeds
+        self.video_rewrite = video_rewrite
+        self.budget = budget
+
+    @classmethod
+    def from_config(cls, cfg: GatewayConfig, shared) -> "Limits":
+        return cls(cfg.limits, cfg.images.allow_image_embeds, cfg.video.enabled, shared.budget)
+
+    async def __call__(self, req: ChatRequest):
+        lim, allow_embeds, video_rewrite, budget = self.lim, self.allow_embeds, self.video_rewrite, self.budget
         if req.route == "chat" and lim.max_messages and len(req.body["messages"]) > lim.max_messages:
             raise BadRequest(f"Too many messages: {len(req.body['messages'])} > limit max_messages "
                              f"({lim.max_messages})", param="messages", code="too_many_messages")
         if not req.media:
-            return _tokens(req)
+            return self._tokens(req)
         if not lim.allow_media_kwargs:  # (without media parts they change nothing)
             for k in MEDIA_KWARGS:
                 if req.body.get(k) is not None:
@@ -67,7 +73,7 @@ def make(gw: "Gateway"):
                                      param=k, code="unsupported_parameter")
         elif video_rewrite and any(p.kind == "video" for p in req.media) and \
                 (req.headers.get(VIDEO_POLICY_HEADER) or "").strip().lower() != "off":
-            _video_kwargs(req)
+            self._video_kwargs(req)
         counts: dict[str, int] = {}
         for p in req.media:
             if p.kind == "embeds" and not allow_embeds:
@@ -84,9 +90,10 @@ def make(gw: "Gateway"):
                                  code=f"too_many_{what}")
         for p in req.media:  # inline bytes, before anything is decoded (fetched bodies add later)
             budget.count(req, p, inline_size(p))
-        return _tokens(req)
+        return self._tokens(req)
 
-    def _video_kwargs(req: "ChatRequest") -> None:
+    @staticmethod
+    def _video_kwargs(req: ChatRequest) -> None:
         touched = []
         mio = req.body.get("media_io_kwargs")
         if mio is not None and (not isinstance(mio, dict) or mio.get("video") is not None):
@@ -104,9 +111,9 @@ def make(gw: "Gateway"):
                              f"{VIDEO_POLICY_HEADER}: off to have the engine read the original video",
                              param=touched[0], code="unsupported_parameter")
 
-    def _tokens(req: "ChatRequest"):
-        t = req.state.get("tenant_cfg")
-        cap = (t.max_tokens_cap if t is not None and t.max_tokens_cap else 0) or lim.max_tokens_cap
+    def _tokens(self, req: ChatRequest):
+        t = req.state.get(TENANT)
+        cap = (t.max_tokens_cap if t is not None and t.max_tokens_cap else 0) or self.lim.max_tokens_cap
         if cap:
             asked = [(k, req.body[k]) for k in ("max_tokens", "max_completion_tokens")
                      if isinstance(req.body.get(k), int)]
@@ -117,5 +124,3 @@ def make(gw: "Gateway"):
             if not asked:
                 req.body["max_tokens"] = cap
         return None
-
-    return limits

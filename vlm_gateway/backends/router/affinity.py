@@ -23,6 +23,9 @@ last served a request containing it (``served`` hook, called after a send).
     follow b   if load(b) <= max_load and extra <= max_extra
     otherwise  rank by least_loaded.load (ties rotate)
 
+As filter -> score -> pick (``router/__init__.py``): the candidates are scored by
+load as ``least_loaded`` does, and the pick puts ``b`` first when it may be followed.
+
 The map is per process; ``home`` needs no shared state, so every worker and
 every replica sends a conversation it has never seen to the same backend (its
 first turn went there too, unless that backend was overloaded), and distinct
@@ -40,18 +43,18 @@ alone does not pin a new conversation), ``affinity_ttl_s``, ``affinity_max_entri
 from __future__ import annotations
 
 import hashlib
-import itertools
 import threading
-import time
-from collections import OrderedDict
 
 import orjson
 
 from ... import metrics
+from ...core.state import Slot
 from ...hashing import content_digest, hasher
+from ...core.clock import Clock, monotonic
+from ...lru import LRU
 from ...vision_tokens import MARKER_TOKENS, estimate_text_tokens, visual_tokens
 from . import register
-from .least_loaded import DEFAULT_CAPACITY, load, rank_by_load
+from .least_loaded import DEFAULT_CAPACITY, LeastLoaded, load
 
 # an image whose size is unknown (no image stage) counts as this many tokens
 UNKNOWN_IMAGE_TOKENS = 256
@@ -80,9 +83,17 @@ def _image_identity(img, part: dict) -> bytes:
     return content_digest(orjson.dumps(part, option=orjson.OPT_SORT_KEYS))
 
 
+# per request: ([(key, tokens up to it)], total tokens) and the root key, with the
+# images hashed in and (as a text-only router sees it) without
+_KEYS: Slot[tuple[list[tuple[bytes, int]], int]] = Slot("affinity_keys")
+_KEYS_TEXT: Slot[tuple[list[tuple[bytes, int]], int]] = Slot("affinity_keys_text")
+_ROOT: Slot[bytes] = Slot("affinity_root")
+_ROOT_TEXT: Slot[bytes] = Slot("affinity_root_text")
+
+
 def prefix_keys(req, include_images: bool = True) -> tuple[list[tuple[bytes, int]], int]:
     """([(key, tokens up to it)], total tokens) of a request; cached on ``req.state``."""
-    slot = "affinity_keys" if include_images else "affinity_keys_text"
+    slot = _KEYS if include_images else _KEYS_TEXT
     cached = req.state.get(slot)
     if cached is not None:
         return cached
@@ -143,7 +154,7 @@ def prefix_keys(req, include_images: bool = True) -> tuple[list[tuple[bytes, int
             keys.append((h.digest(), tokens))
     if root is None and keys:
         root = keys[-1][0]
-    req.state[slot + "_root"] = root or h.digest()
+    req.state[_ROOT if include_images else _ROOT_TEXT] = root or h.digest()
     result = (keys, max(tokens, 1))
     req.state[slot] = result
     return result
@@ -155,9 +166,8 @@ def _is_user(msg) -> bool:
 
 def root_key(req, include_images: bool = True) -> bytes:
     """The chained key after the conversation's first user message."""
-    slot = "affinity_keys" if include_images else "affinity_keys_text"
     prefix_keys(req, include_images)
-    return req.state[slot + "_root"]
+    return req.state[_ROOT if include_images else _ROOT_TEXT]
 
 
 def home(root: bytes, candidates):
@@ -166,58 +176,45 @@ def home(root: bytes, candidates):
 
 
 class PrefixMap:
-    """Bounded LRU of prefix key -> (backend name, expiry)."""
+    """Bounded LRU of prefix key -> backend name, each entry for ``ttl_s``."""
 
-    def __init__(self, ttl_s: float, max_entries: int) -> None:
+    def __init__(self, ttl_s: float, max_entries: int, clock: Clock = monotonic) -> None:
         self.ttl = ttl_s
-        self.max = max(1, max_entries)
-        self._map: OrderedDict[bytes, tuple[str, float]] = OrderedDict()
+        self._map: LRU[bytes, str] = LRU(max(1, max_entries), ttl_s=ttl_s, clock=clock)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._map)
 
-    def get(self, key: bytes, now: float) -> str | None:
-        hit = self._map.get(key)
-        if hit is None:
-            return None
-        if hit[1] < now:
-            with self._lock:
-                self._map.pop(key, None)
-            return None
-        return hit[0]
-
-    def put_many(self, keys, name: str, now: float) -> None:
-        exp = now + self.ttl
+    def get(self, key: bytes) -> str | None:
         with self._lock:
-            m = self._map
+            return self._map.get(key, touch=False)
+
+    def put_many(self, keys, name: str) -> None:
+        with self._lock:
             for k in keys:
-                m[k] = (name, exp)
-                m.move_to_end(k)
-            while len(m) > self.max:
-                m.popitem(last=False)
+                self._map.put(k, name)
 
 
-class PrefixAffinity:
+class PrefixAffinity(LeastLoaded):
     """Shared by ``affinity`` (images in the keys) and ``text_prefix`` (images ignored)."""
 
     name = "affinity"
     include_images = True
 
     def __init__(self, cfg=None) -> None:
+        super().__init__(cfg)
         self.max_load = getattr(cfg, "affinity_max_load", 0.9)
         self.min_match = getattr(cfg, "affinity_min_match", 0.5)
         self.max_extra = getattr(cfg, "affinity_max_extra_seqs", 4.0)
         self.map = PrefixMap(getattr(cfg, "affinity_ttl_s", 600.0), getattr(cfg, "affinity_max_entries", 100_000))
-        self._counter = itertools.count()
 
     def match(self, req, candidates) -> tuple[object | None, float]:
         """(backend holding the longest known prefix, fraction of the prompt it covers)."""
         keys, total = prefix_keys(req, self.include_images)
         by_name = {b.name: b for b in candidates}
-        now = time.monotonic()
         for key, tokens in reversed(keys):
-            name = self.map.get(key, now)
+            name = self.map.get(key)
             if name is not None:
                 b = by_name.get(name)
                 if b is not None:
@@ -225,7 +222,7 @@ class PrefixAffinity:
         return None, 0.0
 
     def rank(self, req, candidates):
-        ranked = rank_by_load(candidates, next(self._counter))
+        ranked = super().rank(req, candidates)
         if len(candidates) <= 1:
             return ranked
         b, fraction = self.match(req, candidates)
@@ -242,7 +239,7 @@ class PrefixAffinity:
 
     def served(self, req, backend) -> None:
         keys, _ = prefix_keys(req, self.include_images)
-        self.map.put_many([k for k, _ in keys[-MAX_KEYS_PER_REQUEST:]], backend.name, time.monotonic())
+        self.map.put_many([k for k, _ in keys[-MAX_KEYS_PER_REQUEST:]], backend.name)
 
 
 @register("affinity")

@@ -8,16 +8,15 @@
 own in-flight count keeps the figure fresh between scrapes (requests sent or
 finished since the scrape shift it), and other gateway replicas' traffic shows
 up through the engine's counts. ``capacity`` is the profile's ``max_num_seqs``
-(``DEFAULT_CAPACITY`` without a profile). Ties rotate, so equal backends share
-the traffic. No parameters.
+(``DEFAULT_CAPACITY`` without a profile). The score is ``load``; ties rotate
+(the ``Policy`` base), so equal backends share the traffic. No parameters.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 
-from . import register
+from . import Policy, register
 
 DEFAULT_CAPACITY = 64
 # scraped figures older than this are ignored (engine unreachable for metrics)
@@ -29,33 +28,17 @@ def load(b) -> float:
     cap = b.capacity or DEFAULT_CAPACITY
     seqs = float(b.inflight)
     kv = 0.0
-    el = b.engine_load
-    if el and time.monotonic() - b.scraped_at <= STALE_S:
-        engine = el.get("running", 0.0) + el.get("waiting", 0.0)
-        seqs = max(seqs, engine + b.inflight - el.get("inflight_at_scrape", 0.0))
-        kv = el.get("kv_usage", 0.0)
+    st = b.stats
+    if st is not None and time.monotonic() - st.at <= STALE_S:
+        engine = (st.running or 0.0) + (st.waiting or 0.0)
+        seqs = max(seqs, engine + b.inflight - st.inflight_at_scrape)
+        kv = st.kv_usage or 0.0
     return max(seqs / cap, kv)
 
 
-def rank_by_load(candidates: list, start: int = 0) -> list:
-    """Candidates by ascending load; equal loads keep the rotated order from ``start``."""
-    n = len(candidates)
-    if n <= 1:
-        return list(candidates)
-    i = start % n
-    rotated = candidates[i:] + candidates[:i]
-    return sorted(rotated, key=load)
-
-
 @register("least_loaded")
-class LeastLoaded:
+class LeastLoaded(Policy):
     name = "least_loaded"
 
-    def __init__(self, cfg=None) -> None:
-        self._counter = itertools.count()
-
-    def rank(self, req, candidates):
-        return rank_by_load(candidates, next(self._counter))
-
-    def served(self, req, backend) -> None:
-        pass
+    def score(self, req, b) -> float:
+        return load(b)

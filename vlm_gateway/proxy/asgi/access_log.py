@@ -15,10 +15,12 @@ import logging
 import time
 from typing import Any
 
+from .. import summary
+from ..relay import USAGE
+
 log = logging.getLogger("vlm_gateway.access")
 
 QUIET_PATHS = frozenset({"/health", "/ready", "/metrics", "/favicon.ico"})
-CACHE_HEADER = "x-vlm-gateway-cache"
 
 
 def tenant_hash(tenant: str) -> str:
@@ -34,28 +36,23 @@ def _clip(value: Any, n: int = 64) -> str:
 
 def request_fields(req, status: int) -> dict[str, Any]:
     """What a completed ChatRequest contributes to its log line."""
-    b = req.state.get("backend")
     out: dict[str, Any] = {
         "tenant": tenant_hash(req.tenant), "model": _clip(req.model), "stream": req.stream,
-        "backend": b.name if b is not None else None,
+        "backend": summary.backend_name(req),
     }
-    usage = req.state.get("usage")
+    usage = req.state.get(USAGE)
     if isinstance(usage, dict):
         for k in ("prompt_tokens", "completion_tokens"):
             if isinstance(usage.get(k), int):
                 out[k] = usage[k]
     if req.images:
-        before = sum(i.tokens_before for i in req.images)
-        after = sum(i.tokens_after for i in req.images)
+        before, after = summary.visual_tokens(req)
         out.update(images=len(req.images), visual_tokens_before=before, visual_tokens_after=after,
                    visual_tokens_saved=max(0, before - after) if after else 0)
-    cache = next((v for k, v in req.response_headers.items() if k.lower() == CACHE_HEADER), None)
-    if cache is None and isinstance(req.state.get("cache"), str):
-        cache = req.state["cache"]
-    out["cache"] = cache
-    now = time.perf_counter()
+    out["cache"] = summary.cache_result(req)
     out["upstream_ms"] = round(req.upstream_s * 1000.0, 2)
-    out["overhead_ms"] = round(max(0.0, now - req.t_start - req.upstream_s) * 1000.0, 3)
+    now = time.perf_counter()
+    out["overhead_ms"] = round(summary.overhead_s(req, now) * 1000.0, 3)
     if req.timing is not None:  # the split of the time before the request went upstream
         for phase, seconds in req.timing.phases(now).items():
             out[f"{phase}_ms"] = round(seconds * 1000.0, 3)

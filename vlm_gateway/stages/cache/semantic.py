@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ... import metrics
+from ...backoff import Backoff
 from . import guard
 
 if TYPE_CHECKING:
@@ -270,7 +271,7 @@ class SemanticCache:
         self.stream_max = max_total
         self._follow_task: asyncio.Task | None = None
         self._last_id = "0-0"
-        self._persist_down_until = 0.0
+        self.persist = Backoff("L3 semantic index")
 
     def clear(self) -> int:
         return self.index.clear()
@@ -337,7 +338,7 @@ class SemanticCache:
     async def add(self, vec: np.ndarray | None, part: str, exact_key: str, question: str,
                   expires: float) -> None:
         res = await self._run(self._add_sync, vec, part, exact_key, question, expires)
-        if res is None or self.redis is None or time.monotonic() < self._persist_down_until:
+        if res is None or self.redis is None or not self.persist.up():
             return
         _entry, v = res
         fields = {"o": self.origin, "p": part, "k": exact_key, "q": question, "e": repr(expires),
@@ -348,9 +349,8 @@ class SemanticCache:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            # Redis down: keep indexing locally, retry persisting a second later (one log line)
-            self._persist_down_until = time.monotonic() + 1.0
-            log.warning("L3 semantic: could not persist an entry to Redis (%s)", type(e).__name__)
+            # Redis down: keep indexing locally, retry persisting after the back-off (one log line)
+            self.persist.failed(e, "indexing locally only")
 
     # -- Redis persistence -------------------------------------------------------------
     def _entries_from_stream(self, items) -> tuple[np.ndarray, list[Entry]]:

@@ -2,7 +2,7 @@
 
 Every chat response carries ``x-vlm-gateway-cache``: ``hit-exact``,
 ``hit-normalized``, ``hit-semantic`` (with ``x-vlm-gateway-cache-similarity``),
-``miss`` or ``bypass``. A miss registers an ``on_complete`` hook; the relay calls
+``miss`` or ``bypass``. A miss subscribes the request for ``on_complete``; the relay calls
 it only with a complete successful answer (a stream is assembled as it passes),
 and the hook writes in the background so the client never waits for Redis.
 """
@@ -11,43 +11,49 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ... import metrics, redis_keys
-from .. import Reply
+from ...config import CacheConfig, GatewayConfig
+from ...core.request import ChatRequest
+from ...core.stage import Reply, Stage
+from ...core.state import Slot
 from .keys import CacheKeys, build_keys
 from .policy import decide, storable
 from .store import LocalStore, RedisStore, TieredStore
-
-if TYPE_CHECKING:
-    from ...proxy.gateway import Gateway
-    from ...core.request import ChatRequest
 
 log = logging.getLogger("vlm_gateway.cache")
 
 HEADER = "x-vlm-gateway-cache"
 SIMILARITY_HEADER = "x-vlm-gateway-cache-similarity"
-_KEYS_STATE = "l3_keys"
-_VEC_STATE = "l3_vector"
+# the request's L3 keys; its question's embedding (a vector, or a future of one)
+KEYS: Slot[CacheKeys] = Slot("l3_keys")
+VECTOR: Slot[Any] = Slot("l3_vector")
 
 
-class ResponseCache:
-    def __init__(self, gw: "Gateway") -> None:
-        cfg = gw.cfg.cache
+class ResponseCache(Stage):
+    name = "cache"
+
+    def __init__(self, cfg: CacheConfig, redis_url: str, redis_prefix: str) -> None:
         self.cfg = cfg
-        remote = RedisStore(gw.cfg.redis_url, cfg.redis_timeout_s, cfg.redis_retry_s,
-                            redis_keys.namespace(gw.cfg.redis_prefix, redis_keys.L3_ANSWERS)) \
-            if gw.cfg.redis_url else None
+        remote = RedisStore(redis_url, cfg.redis_timeout_s, cfg.redis_retry_s,
+                            redis_keys.namespace(redis_prefix, redis_keys.L3_ANSWERS)) \
+            if redis_url else None
         self.store = TieredStore(LocalStore(cfg.max_bytes), remote, cfg.ttl_s, cfg.max_entry_bytes)
         self.semantic = None  # SemanticCache once the model is loaded (start)
         self._tasks: set[asyncio.Task] = set()
-        self.redis_url = gw.cfg.redis_url
-        self.redis_prefix = gw.cfg.redis_prefix
+        self.redis_url = redis_url
+        self.redis_prefix = redis_prefix
+
+    @classmethod
+    def from_config(cls, cfg: GatewayConfig, shared) -> "ResponseCache | None":
+        return cls(cfg.cache, cfg.redis_url, cfg.redis_prefix) if cfg.cache.enabled else None
 
     async def start(self) -> None:
         if not self.cfg.semantic:
             return
         try:
+            import faiss  # noqa: F401 - the semantic extra; large partitions are indexed with it
             from .embedder import shared_embedder
             from .semantic import SemanticCache
             loop = asyncio.get_running_loop()
@@ -72,7 +78,10 @@ class ResponseCache:
         if self.store.remote is not None:
             await self.store.remote.close()
 
-    async def flush(self) -> int:
+    async def flush(self) -> dict[str, int | None]:
+        return {"ResponseCache.flush": await self.flush_entries()}
+
+    async def flush_entries(self) -> int:
         """Admin flush: this replica's entries and, with Redis, the shared ones (other
         replicas keep their in-process copies until they expire)."""
         n = len(self.store.local)
@@ -85,7 +94,7 @@ class ResponseCache:
         return n
 
     # -- lookup --------------------------------------------------------------------------
-    async def __call__(self, req: "ChatRequest") -> Reply | None:
+    async def __call__(self, req: ChatRequest) -> Reply | None:
         if req.route != "chat":
             return None
         d = decide(req, self.cfg)
@@ -96,17 +105,17 @@ class ResponseCache:
         if not keys.content_known:  # media known only by URL (passthrough): never cached
             req.response_headers[HEADER] = "bypass"
             return None
-        req.state[_KEYS_STATE] = keys
+        req.state[KEYS] = keys
         if d.lookup:
             reply = await self._lookup(req, keys)
             if reply is not None:
                 return reply
         req.response_headers[HEADER] = "miss" if d.lookup else "bypass"
         if d.store:
-            req.on_complete.append(self._on_complete)
+            req.subscribe(self, completion=True)
         return None
 
-    async def _lookup(self, req: "ChatRequest", keys: CacheKeys) -> Reply | None:
+    async def _lookup(self, req: ChatRequest, keys: CacheKeys) -> Reply | None:
         metrics.CACHE_LOOKUPS.labels("l3_exact").inc()
         c = await self.store.get(keys.exact)
         if c is not None:
@@ -122,12 +131,12 @@ class ResponseCache:
         if sem is not None and keys.normalized_question and keys.partition not in sem.index.partitions:
             # Nothing to compare with: skip the search, but embed the question while the
             # backend answers, so that storing the answer does not wait for the encoder.
-            req.state[_VEC_STATE] = asyncio.ensure_future(sem.embed(keys.question))
+            req.state[VECTOR] = asyncio.ensure_future(sem.embed(keys.question))
         elif sem is not None and keys.normalized_question:
             metrics.CACHE_LOOKUPS.labels("l3_semantic").inc()
             vec, match, _why = await sem.lookup(keys.partition, keys.question)
             if vec is not None:
-                req.state[_VEC_STATE] = vec
+                req.state[VECTOR] = vec
             if match is not None:
                 c = await self.store.get(match.entry.exact_key)
                 if c is not None:
@@ -136,8 +145,8 @@ class ResponseCache:
         return None
 
     # -- store ---------------------------------------------------------------------------
-    async def _on_complete(self, req: "ChatRequest", completion: dict) -> None:
-        keys: CacheKeys | None = req.state.get(_KEYS_STATE)
+    async def on_complete(self, req: ChatRequest, completion: dict) -> None:
+        keys = req.state.get(KEYS)
         if keys is None or not storable(req, completion):
             return
         if req.grounding is not None and not req.grounding.cacheable:
@@ -155,7 +164,7 @@ class ResponseCache:
         metrics.CACHE_ENTRIES.labels("l3_local").set(len(self.store.local))
         if self.store.remote is None and (self.semantic is None or not keys.normalized_question):
             return
-        self._spawn(self._store_background(keys, normalized, value, expires, req.state.get(_VEC_STATE)))
+        self._spawn(self._store_background(keys, normalized, value, expires, req.state.get(VECTOR)))
 
     async def _store_background(self, keys: CacheKeys, normalized: str, value: bytes, expires: float,
                                 vec) -> None:
@@ -182,20 +191,3 @@ class ResponseCache:
         """Wait for background writes (tests and benchmarks)."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
-
-def make(gw: "Gateway"):
-    if not gw.cfg.cache.enabled:
-        return None
-    cache = ResponseCache(gw)
-    gw.response_cache = cache
-    gw.cache_flushers.append(cache.flush)
-    return cache
-
-
-async def start(gw: "Gateway") -> None:
-    cache = getattr(gw, "response_cache", None)
-    if cache is None:
-        return
-    await cache.start()
-    gw.closers.append(cache.close)

@@ -2,9 +2,9 @@
 
 ``LocalStore``: in-process, in the one bounded map (``lru.py``), by bytes, with a TTL per entry.
 ``RedisStore``: shared by every replica; each call is bounded by a timeout and a
-failure or timeout counts as a miss. After a failure Redis is skipped for
-``retry_s`` so that a down Redis costs one timeout per interval, not one per
-request.
+failure or timeout counts as a miss and starts the back-off (``backoff.py``:
+Redis is skipped for ``retry_s``, so a down Redis costs one timeout per interval,
+not one per request).
 ``TieredStore``: local first, then Redis (a Redis hit is copied into the local
 LRU with its remaining lifetime); writes go to both.
 
@@ -16,47 +16,41 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from typing import Any
 
 import orjson
+
+from ...backoff import Backoff
+from ...lru import LRU
 
 log = logging.getLogger("vlm_gateway.cache")
 
 
 class LocalStore:
+    """Completions by key in the one bounded map (``lru.py``), by bytes; each entry until
+    its wall-clock expiry (shared with Redis, so an epoch time)."""
+
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.bytes = 0
-        self._d: OrderedDict[str, tuple[float, int, dict]] = OrderedDict()
+        self._d: LRU[str, tuple[int, dict]] = LRU(max_bytes=max(1, max_bytes), size=lambda v: v[0], clock=time.time)
 
     def __len__(self) -> int:
         return len(self._d)
 
+    @property
+    def bytes(self) -> int:
+        return self._d.bytes
+
     def get(self, key: str) -> dict | None:
         item = self._d.get(key)
-        if item is None:
-            return None
-        expires, size, completion = item
-        if expires <= time.time():
-            self._drop(key)
-            return None
-        self._d.move_to_end(key)
-        return completion
+        return item[1] if item is not None else None
 
     def put(self, key: str, completion: dict, size: int, expires: float) -> None:
-        if size > self.max_bytes:
+        ttl = expires - time.time()
+        if ttl <= 0:
+            self._d.pop(key)
             return
-        if key in self._d:
-            self._drop(key)
-        self._d[key] = (expires, size, completion)
-        self.bytes += size
-        while self.bytes > self.max_bytes and self._d:
-            self._drop(next(iter(self._d)))
-
-    def _drop(self, key: str) -> None:
-        _, size, _ = self._d.pop(key)
-        self.bytes -= size
+        self._d.put(key, (size, completion), ttl_s=ttl)
 
 
 class RedisStore:
@@ -71,19 +65,18 @@ class RedisStore:
         self.prefix = prefix
         # No client-side retries: the timeout is the whole budget of a lookup.
         self.client = async_client(url, timeout_s, retry=Retry(NoBackoff(), 0), health_check_interval=0)
-        self._down_until = 0.0
-        self.failures = 0
+        self.backoff = Backoff("L3 cache", retry_s)
 
     @property
     def available(self) -> bool:
-        return time.monotonic() >= self._down_until
+        return self.backoff.up()
+
+    @property
+    def failures(self) -> int:
+        return self.backoff.failures
 
     def _failed(self, what: str, e: BaseException) -> None:
-        self.failures += 1
-        if self.available:
-            log.warning("L3 cache: Redis %s failed (%s); treating as a miss for %.1fs",
-                        what, type(e).__name__, self.retry_s)
-        self._down_until = time.monotonic() + self.retry_s
+        self.backoff.failed(e, f"treating {what}s as misses")
 
     async def _call(self, what: str, coro) -> Any:
         try:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ...core.errors import BadRequest
+from ..auth import TENANT
 from .conventions import Convention, resolve
 from .frames import HEADER_PREFIX, Frame, ImageMap, image_map
 from .text import Attribution, Counts
@@ -113,7 +114,7 @@ def plan_for(cfg: "ImagesConfig", req: "ChatRequest") -> GroundingPlan | None:
     ov: dict[str, Any] = cfg.models.get(req.model) or {}
     conv = resolve(ov.get("coordinates", cfg.coordinates), req.model, int(ov.get("processor_min_pixels", 0)),
                    int(ov.get("processor_max_pixels", 0)))
-    tenant = req.state.get("tenant_cfg")
+    tenant = req.state.get(TENANT)
     wanted = _mode_header(req)
     reason = ("unknown-convention" if not conv.known else
               "config" if not ov.get("map_coordinates", cfg.map_coordinates) else

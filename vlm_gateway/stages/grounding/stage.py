@@ -14,32 +14,37 @@ fixes the L3 frame key, and once a backend is chosen (``before_send``):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ... import metrics
+from ...backends.backend import Backend
+from ...config import GatewayConfig
+from ...core.request import ChatRequest
+from ...core.stage import Stage
 from .plan import GroundingPlan, derive, for_backend
 from .response import ResponseTransform
 from .text import Counts, Mapper, back, forward
 
-if TYPE_CHECKING:
-    from ...backends.backend import Backend
-    from ...proxy.gateway import Gateway
-    from ...core.request import ChatRequest
-
 _HISTORY_ROLES = ("user", "assistant")
 
 
-class GroundingStage:
-    async def __call__(self, req: "ChatRequest"):
+class GroundingStage(Stage):
+    name = "grounding"
+
+    @classmethod
+    def from_config(cls, cfg: GatewayConfig, shared) -> "GroundingStage | None":
+        return cls() if cfg.images.enabled else None
+
+    async def __call__(self, req: ChatRequest):
         plan: GroundingPlan | None = req.grounding
         if plan is None:
             return None
         plan.frame_key = plan.key()
-        req.before_send.append(self.before_send)
-        req.on_finish.append(_count)
+        req.subscribe(self)
         return None
 
-    async def before_send(self, req: "ChatRequest", backend: "Backend") -> None:
+    async def on_finish(self, req: ChatRequest) -> None:
+        _count(req)
+
+    async def before_send(self, req: ChatRequest, backend: Backend) -> None:
         plan: GroundingPlan = req.grounding
         cap = (backend.profile or {}).get("image_max_pixels")
         derive(req, plan, for_backend(plan.convention, int(cap) if isinstance(cap, int) else 0))
@@ -52,7 +57,7 @@ class GroundingStage:
             req.response_transform = None
 
 
-def history(req: "ChatRequest", plan: GroundingPlan) -> None:
+def history(req: ChatRequest, plan: GroundingPlan) -> None:
     """Coordinates in the conversation's text, client frame -> the model's frame."""
     messages = req.body["messages"]
     for mi, pj, text in plan.originals:  # what an earlier attempt rewrote
@@ -90,20 +95,10 @@ def history(req: "ChatRequest", plan: GroundingPlan) -> None:
                         part["text"] = out
 
 
-def _count(req: "ChatRequest") -> None:
+def _count(req: ChatRequest) -> None:
     plan: GroundingPlan = req.grounding
     name = plan.convention.name
     for outcome, n in (("mapped", plan.counts.mapped), ("unattributed", plan.counts.unattributed),
                        ("history", plan.history.mapped), ("history_unattributed", plan.history.unattributed)):
         if n:
             metrics.COORDINATES.labels(name, outcome).inc(n)
-
-
-def make(gw: "Gateway"):
-    if not gw.cfg.images.enabled:
-        return None
-    return GroundingStage()
-
-
-async def start(gw: "Gateway") -> None:
-    return None

@@ -11,7 +11,7 @@ decoded data: payloads) are reserved from one bound,
     sum over requests in flight of held bytes <= limits.max_media_bytes_in_flight
 
 and a reservation past it answers 503 with ``Retry-After``. A request gives its
-reservation back when it ends (``req.on_finish``), however it ends.
+reservation back when it ends, however it ends (the chain's ``finish`` calls ``release``).
 """
 
 from __future__ import annotations
@@ -59,8 +59,6 @@ class MediaBudget:
                               f"(limits.max_media_bytes_in_flight = {self.limit}) and cannot take "
                               f"{part.param} now; retry shortly", param=part.param, code="media_bytes_in_flight",
                               headers={"retry-after": "1"}, reason="media_bytes_in_flight")
-        if req.media_bytes.held == 0:
-            req.on_finish.append(self.release)
         req.media_bytes.held += n
         self.used += n
         metrics.MEDIA_BYTES_IN_FLIGHT.inc(n)
@@ -78,11 +76,3 @@ class MediaBudget:
             req.media_bytes.held = 0
             self.used -= n
             metrics.MEDIA_BYTES_IN_FLIGHT.dec(n)
-
-
-def for_gateway(gw) -> MediaBudget:
-    """The process's one budget (every worker process has its own)."""
-    b = getattr(gw, "media_budget", None)
-    if b is None:
-        b = gw.media_budget = MediaBudget(gw.cfg.limits)
-    return b

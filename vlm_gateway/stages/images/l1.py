@@ -1,7 +1,7 @@
 """L1 rewritten-image cache: in-process LRU bounded by bytes, plus an optional
 Redis tier shared by replicas (with a TTL). Key = content hash + policy key;
 value = the rewritten image and its sizes/token counts. Redis trouble never
-fails a request: it only costs a miss."""
+fails a request: it only costs a miss, and starts the back-off (``backoff.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections import OrderedDict
 import orjson
 
 from ... import metrics, redis_keys
+from ...backoff import Backoff
 from ...redis_clients import delete_matching
 from .budget import Budget
 from .encode import data_uri
@@ -54,7 +55,7 @@ class L1Cache:
         self.bytes = 0
         self._lru: OrderedDict[str, Rewritten] = OrderedDict()
         self._redis = None
-        self._redis_warned = False
+        self.backoff = Backoff("L1 image cache")
         if redis_url:
             from ...redis_clients import async_client
             self._redis = async_client(redis_url, timeout_s)
@@ -84,7 +85,7 @@ class L1Cache:
     async def get(self, key: str) -> Rewritten | None:
         metrics.CACHE_LOOKUPS.labels("l1").inc()
         r = self.get_local(key)
-        if r is None and self._redis is not None:
+        if r is None and self._redis is not None and self.backoff.up():
             try:
                 blob = await self._redis.get(self.prefix + key)
             except Exception as e:  # noqa: BLE001 - a miss, never an error
@@ -103,7 +104,7 @@ class L1Cache:
 
     async def put(self, key: str, r: Rewritten) -> None:
         self.put_local(key, r)
-        if self._redis is not None:
+        if self._redis is not None and self.backoff.up():
             try:
                 await self._redis.set(self.prefix + key, pack(r), ex=self.ttl_s)
             except Exception as e:  # noqa: BLE001
@@ -122,9 +123,7 @@ class L1Cache:
         return n
 
     def _warn(self, e: Exception) -> None:
-        if not self._redis_warned:
-            self._redis_warned = True
-            log.warning("L1 image cache: Redis tier unavailable (%s); using the in-process tier only", e)
+        self.backoff.failed(e, "using the in-process tier only")
 
     async def close(self) -> None:
         if self._redis is not None:

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from ... import metrics
+from ...config import GatewayConfig
+from ...core.stage import Stage
 from .decode import ImageError
 from .encode import data_uri
 from .fetch import FetchError
-from .source import MediaSources, Source, as_error, media_sources
+from .source import MediaSources, Source, as_error
 
 if TYPE_CHECKING:
-    from ...proxy.gateway import Gateway
     from ...core.request import ChatRequest, MediaPart
 
 KINDS = ("video", "audio", "embeds")
@@ -82,18 +83,33 @@ async def forward(req: "ChatRequest", part: "MediaPart", src: Source) -> Sent:
 REWRITES: dict[str, MediaRewrite] = {"video": forward, "audio": forward, "embeds": forward}
 
 
-class MediaStage:
-    def __init__(self, gw: "Gateway") -> None:
-        self.sources: MediaSources = media_sources(gw)
-        self.allow_embeds = gw.cfg.images.allow_image_embeds
+class MediaStage(Stage):
+    name = "media"
+
+    def __init__(self, sources: MediaSources, allow_embeds: bool, video=None) -> None:
+        self.sources = sources
+        self.allow_embeds = allow_embeds
         self.rewrites: dict[str, MediaRewrite] = dict(REWRITES)
-        if gw.cfg.video.enabled:
-            from ..video.stage import VideoRewriter
-            video = VideoRewriter(gw)
-            gw.video_rewriter = video
-            gw.closers.append(video.close)
-            gw.cache_flushers.append(video.l1.flush)  # POST /admin/cache/flush
+        # the video rewrite (stages/video/stage.py), None with video.enabled false; the
+        # /ui playground runs videos through it
+        self.video = video
+        if video is not None:
             self.rewrites["video"] = video
+
+    @classmethod
+    def from_config(cls, cfg: GatewayConfig, shared) -> "MediaStage":
+        video = None
+        if cfg.video.enabled:
+            from ..video.stage import VideoRewriter
+            video = VideoRewriter(cfg.video, cfg.images, cfg.limits.max_video_bytes, cfg.redis_url, cfg.redis_prefix)
+        return cls(shared.sources, cfg.images.allow_image_embeds, video)
+
+    async def close(self) -> None:
+        if self.video is not None:
+            await self.video.close()
+
+    async def flush(self) -> dict[str, int | None]:
+        return {"VideoL1.flush": await self.video.l1.flush()} if self.video is not None else {}
 
     async def resolve(self, req: "ChatRequest", part: "MediaPart") -> Source:
         try:
@@ -129,7 +145,3 @@ async def _first_error(coros) -> list:
         if isinstance(r, BaseException):
             raise r
     return results
-
-def make(gw: "Gateway"):
-    stage = gw.media_stage = MediaStage(gw)   # the /ui playground runs videos through it
-    return stage

@@ -18,25 +18,22 @@ uses the remembered identity only on 304; it is cleared by the admin cache flush
 
 from __future__ import annotations
 
-import binascii
-import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import unquote_to_bytes
 
 import orjson
-import pybase64
 
+from ... import data_uri
 from ...hashing import content_hash
+from ...lru import LRU
 from ...core.errors import BadRequest
 from .decode import Header, ImageError
 from .fetch import Fetched, Fetcher, FetchError, FetchPolicy, check_address
-from .inflight import MediaBudget, for_gateway
+from .inflight import MediaBudget
 from .pool import BoundedPool
 
 if TYPE_CHECKING:
-    from ...proxy.gateway import Gateway
+    from ...config import ImagesConfig, LimitsConfig
     from ...core.request import ChatRequest, MediaPart
 
 __all__ = ["content_hash", "decode_data_uri", "Source", "UrlMemo", "MediaSources"]
@@ -50,34 +47,22 @@ class MediaError(ImageError):
 
 
 def decode_data_uri(url: str) -> bytes:
-    """Bytes of a ``data:`` URI; base64 may contain whitespace/newlines."""
-    head, sep, payload = url.partition(",")
-    if not sep:
-        raise ImageError("the data: URI has no ',' separating the header from the data", "invalid_image_data")
-    if head.lower().endswith(";base64"):
-        return decode_base64(payload)
-    return unquote_to_bytes(payload)
+    """Bytes of a ``data:`` URI (``data_uri.decode``), errors as ``ImageError``."""
+    try:
+        return data_uri.decode(url)
+    except data_uri.DataUriError as e:
+        raise ImageError(str(e), e.code) from None
 
 
 def decode_base64(payload: str) -> bytes:
     try:
-        return pybase64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        pass
-    cleaned = "".join(payload.split())
-    try:
-        return pybase64.b64decode(cleaned + "=" * (-len(cleaned) % 4), validate=True)
-    except (binascii.Error, ValueError):
-        raise ImageError("the data: URI is not valid base64", "invalid_image_base64") from None
+        return data_uri.decode_base64(payload)
+    except data_uri.DataUriError as e:
+        raise ImageError(str(e), e.code) from None
 
 
-def payload_bytes(url: str) -> int:
-    """Decoded size of a ``data:`` URI's payload, from its length (no decoding)."""
-    comma = url.find(",")
-    if comma < 0:
-        return 0
-    n = len(url) - comma - 1
-    return n * 3 // 4 if ";base64" in url[:comma].lower() else n
+payload_bytes = data_uri.payload_bytes
+
 
 
 def inline_size(part: "MediaPart") -> int:
@@ -109,54 +94,40 @@ class UrlMemo:
 
     def __init__(self, ttl_s: float, max_entries: int = 10_000) -> None:
         self.ttl_s = ttl_s
-        self.max_entries = max_entries
-        self._d: OrderedDict[str, tuple[float, str, str, Header | None, int]] = OrderedDict()
+        self._d: LRU[str, tuple[str, str, Header | None, int]] = LRU(max_entries, ttl_s=ttl_s)
 
     def __len__(self) -> int:
         return len(self._d)
 
     def get(self, url: str) -> tuple[str, str, Header | None, int] | None:
-        e = self._d.get(url)
-        if e is None:
-            return None
-        if e[0] < time.monotonic():
-            self._d.pop(url, None)
-            return None
-        return e[1], e[2], e[3], e[4]
+        return self._d.get(url)
 
     def put(self, url: str, etag: str, h: str, header: Header | None, size: int) -> None:
         if self.ttl_s <= 0:
             return
         if not etag:
-            self._d.pop(url, None)
+            self._d.pop(url)
             return
-        self._d[url] = (time.monotonic() + self.ttl_s, etag, h, header, size)
-        self._d.move_to_end(url)
-        while len(self._d) > self.max_entries:
-            self._d.popitem(last=False)
+        self._d.put(url, (etag, h, header, size))
 
     def forget(self, url: str) -> None:
-        self._d.pop(url, None)
+        self._d.pop(url)
 
     def flush(self) -> int:
-        n = len(self._d)
-        self._d.clear()
-        return n
+        return self._d.clear()
 
 
 class MediaSources:
     """One per process: the fetcher, pool, memo and byte budget every media stage uses."""
 
-    def __init__(self, gw: "Gateway") -> None:
-        cfg = gw.cfg.images
-        lim = gw.cfg.limits
+    def __init__(self, cfg: "ImagesConfig", lim: "LimitsConfig", budget: MediaBudget) -> None:
         self.cfg = cfg
         self.fetcher = Fetcher(FetchPolicy(cfg.fetch_timeout_s, cfg.max_fetch_bytes, cfg.max_redirects,
                                            cfg.allow_private_networks, list(cfg.allow_networks),
                                            list(cfg.allow_domains), list(cfg.deny_domains)))
         self.pool = BoundedPool(cfg.pool_workers, cfg.max_queue)
         self.memo = UrlMemo(cfg.url_cache_ttl_s)
-        self.budget: MediaBudget = for_gateway(gw)
+        self.budget = budget
         # per-part caps: fetched images keep images.max_fetch_bytes; data: images are
         # bounded by the request's total
         self.fetch_cap = {"image": cfg.max_fetch_bytes, "video": lim.max_video_bytes, "audio": lim.max_audio_bytes}
@@ -228,16 +199,6 @@ class MediaSources:
         got = await self.fetch(req, part, url)
         assert got.data is not None
         return Source("url", url, await self.hash(got.data), None, len(got.data), got.data, got.content_type)
-
-
-def media_sources(gw: "Gateway") -> MediaSources:
-    """The process's one ``MediaSources`` (created by the first stage that asks)."""
-    s = getattr(gw, "media_sources", None)
-    if s is None:
-        s = gw.media_sources = MediaSources(gw)
-        gw.closers.append(s.close)
-        gw.cache_flushers.append(s.flush)  # POST /admin/cache/flush forgets remembered URLs
-    return s
 
 
 def as_error(part: "MediaPart", e: ImageError | FetchError) -> BadRequest:

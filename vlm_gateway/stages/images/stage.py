@@ -7,7 +7,7 @@ read the size from the header and refuse what must be refused (400 naming the
 part). With ``images.enabled: false`` every policy is "off": nothing is
 rewritten, but the sources are still resolved, checked and counted. Then
 rewrite for the model's policy right away, so a broken image fails before any
-response starts, and register a ``before_send`` hook that
+response starts, and subscribe the request for ``before_send``, which
 applies the rewrite for the chosen backend (capped by its profile's
 ``image_max_long_side``; L1 makes a second rewrite cheap). Pass-through data:
 images keep their original string byte for byte.
@@ -22,11 +22,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ... import metrics
+from ...config import GatewayConfig, ImagesConfig, SloConfig
 from ...core.errors import BadRequest, GatewayError, Unavailable
+from ...core.stage import Stage
+from ...core.state import Slot
+from ..auth import TENANT
 from ..grounding import plan as grounding
 from .decode import ImageError, probe
 from .encode import data_uri
@@ -34,11 +38,10 @@ from .fetch import FetchError, check_address
 from .l1 import L1Cache
 from .policy import BELOW_FLOOR, POLICY_HEADER, Policy, parse_header, resolve
 from .rewrite import Rewritten, rewrite, tokens
-from .source import Source, as_error, content_hash, media_sources
+from .source import MediaSources, Source, as_error, content_hash
 
 if TYPE_CHECKING:
     from ...backends.backend import Backend
-    from ...proxy.gateway import Gateway
     from ...core.request import ChatRequest, ImagePart
 
 log = logging.getLogger("vlm_gateway.images")
@@ -54,25 +57,49 @@ _VERIFIED_ENTRIES = 16384
 OFF = Policy(enabled=False)
 
 
+@dataclass(slots=True)
+class ImagePlan:
+    """Per request: each image's source, policy and (result, outcome) for the model's
+    policy; ``counted`` once the metrics are counted (the first attempt)."""
+
+    sources: list[Source]
+    policies: list[Policy]
+    results: list[tuple[Rewritten, str]]
+    counted: bool = False
+
+
+PLAN: Slot[ImagePlan] = Slot("images")
+
+
 def _bad(part: "ImagePart", e: ImageError | FetchError) -> BadRequest:
     return as_error(part, e)
 
 
-class ImageRewriter:
-    def __init__(self, gw: "Gateway") -> None:
-        cfg = gw.cfg.images
-        self.slo_cfg = gw.cfg.slo
-        self.slo = gw.pool.slo
+class ImageRewriter(Stage):
+    name = "images"
+
+    def __init__(self, cfg: ImagesConfig, sources: MediaSources, redis_url: str, redis_prefix: str,
+                 slo_cfg: SloConfig | None = None, levels=None) -> None:
+        self.slo_cfg = slo_cfg or SloConfig()
+        self.slo = levels  # the model pools' SLO budget levels (None: always full budgets)
         self.cfg = cfg
-        self.sources = media_sources(gw)
+        self.sources = sources
         self.pool = self.sources.pool
         self.fetcher = self.sources.fetcher
-        self.l1 = L1Cache(cfg.l1_max_bytes, gw.cfg.redis_url, cfg.l1_redis_ttl_s, redis_prefix=gw.cfg.redis_prefix)
+        self.l1 = L1Cache(cfg.l1_max_bytes, redis_url, cfg.l1_redis_ttl_s, redis_prefix=redis_prefix)
         # content hash|policy of data: images verified within budget (pass through without a new decode)
         self.verified: OrderedDict[str, Rewritten] = OrderedDict()
 
+    @classmethod
+    def from_config(cls, cfg: GatewayConfig, shared) -> "ImageRewriter":
+        # installed even with images.enabled false: sources are still policed (policies "off")
+        return cls(cfg.images, shared.sources, cfg.redis_url, cfg.redis_prefix, cfg.slo, shared.levels)
+
     async def close(self) -> None:
         await self.l1.close()
+
+    async def flush(self) -> dict[str, int | None]:
+        return {"L1Cache.flush": await self.l1.flush()}
 
     # -- sources -------------------------------------------------------------------
     async def _bytes_info(self, data: bytes):
@@ -167,11 +194,11 @@ class ImageRewriter:
         if not req.images:
             return None
         policy_header = parse_header(req.headers.get(POLICY_HEADER))
-        tenant = req.state.get("tenant_cfg")
+        tenant = req.state.get(TENANT)
         tenant_images = getattr(tenant, "images", None) or None
         policies = [resolve(self.cfg, req.model, policy_header, part.detail, tenant_images) if self.cfg.enabled
                     else OFF for part in req.images]
-        level = self.slo.level(req.model)
+        level = self.slo.level(req.model) if self.slo is not None else 0
         if level:
             opted = policy_header == BELOW_FLOOR or bool(getattr(tenant, "images_below_floor", False))
             policies = [pol.under(level, self.slo_cfg, opted or part.detail == "low")
@@ -187,33 +214,33 @@ class ImageRewriter:
         # rewrite now for the model's policy: errors surface before routing and the
         # before_send hook usually only applies these results
         done = await _gather([self.rewritten(p, s, pol, req) for p, s, pol in zip(req.images, sources, policies)])
-        plan = {"sources": sources, "policies": policies, "results": done, "applied": None, "counted": False}
-        req.state["images"] = plan
+        plan = ImagePlan(sources, policies, done)
+        req.state[PLAN] = plan
         self._apply(req, [(pol, r) for pol, (r, _) in zip(policies, done)])
-        req.before_send.append(self.before_send)
+        req.subscribe(self)
         return None
 
     async def before_send(self, req: "ChatRequest", backend: "Backend") -> None:
-        plan = req.state["images"]
+        plan = req.state[PLAN]
         cap = (backend.profile or {}).get("image_max_long_side")
         cap = int(cap) if isinstance(cap, (int, float)) and cap > 0 else None
         chosen = []
         outcomes = []
-        for part, src, pol, (r, outcome) in zip(req.images, plan["sources"], plan["policies"], plan["results"]):
+        for part, src, pol, (r, outcome) in zip(req.images, plan.sources, plan.policies, plan.results):
             eff = pol.capped(cap)
             if eff != pol:
                 r, outcome = await self.rewritten(part, src, eff, req)
             chosen.append((eff, r))
             outcomes.append(outcome)
         self._apply(req, chosen)
-        if not plan["counted"]:
-            plan["counted"] = True
+        if not plan.counted:
+            plan.counted = True
             self._count(req, [r for _, r in chosen], outcomes)
 
     def _apply(self, req: "ChatRequest", chosen: list[tuple[Policy, Rewritten]]) -> None:
-        plan = req.state["images"]
+        plan = req.state[PLAN]
         before = after = 0
-        for part, src, (_, r) in zip(req.images, plan["sources"], chosen):
+        for part, src, (_, r) in zip(req.images, plan.sources, chosen):
             part.set_url(src.url if r.url is None else r.url)
             part.tokens_after = r.tokens_after if src.header is not None else 0
             before += part.tokens_before
@@ -230,7 +257,7 @@ class ImageRewriter:
             entry = r.budget.header(p.param) if r.budget is not None else f"{p.param};long_side=original"
             budgets.append(f"{entry};level={pol.level}")
         req.response_headers[BUDGET_HEADER] = ", ".join(budgets)
-        grounding.record(req, [r for _, r in chosen], plan["sources"])
+        grounding.record(req, [r for _, r in chosen], plan.sources)
 
     def _count(self, req: "ChatRequest", results: list[Rewritten], outcomes: list[str]) -> None:
         before = sum(p.tokens_before for p in req.images)
@@ -260,17 +287,4 @@ async def _gather(coros):
     return results
 
 
-def make(gw: "Gateway"):
-    # installed even with images.enabled false: sources are still policed (policies "off")
-    rewriter = ImageRewriter(gw)
-    gw.image_rewriter = rewriter
-    gw.closers.append(rewriter.close)
-    gw.cache_flushers.append(rewriter.l1.flush)  # POST /admin/cache/flush
-    return rewriter
-
-
-async def start(gw: "Gateway") -> None:
-    return None
-
-
-__all__ = ["ImageRewriter", "make", "start", "GatewayError"]
+__all__ = ["ImageRewriter", "ImagePlan", "PLAN", "GatewayError"]

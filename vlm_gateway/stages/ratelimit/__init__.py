@@ -9,7 +9,7 @@ Visual tokens are only known after the image stage: a request is admitted while
 the tenant's visual-token bucket is positive, and the tokens actually sent
 upstream are charged when the request finishes (cache hits cost nothing).
 ``concurrent_streams`` counts every in-flight request of the tenant, streaming or
-not; the slot is released in ``req.on_finish``, however the request ends. Each
+not; the slot is released in ``on_finish``, however the request ends. Each
 slot is held under a random token made here, never under anything the client
 sends (a client-chosen ``x-request-id`` shared by many requests would otherwise
 hold one slot for all of them, and the first to finish would free it).
@@ -21,16 +21,18 @@ import asyncio
 import logging
 import math
 import secrets
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from ... import metrics, redis_keys
-from ...config import TenantConfig
+from ...backends.backend import CHOSEN
+from ...config import GatewayConfig, TenantConfig
+from ...core.clock import Clock, monotonic
 from ...core.errors import RateLimited
+from ...core.request import ChatRequest
+from ...core.stage import Stage
+from ...core.state import Slot
+from ..auth import TENANT
 from .buckets import AFTERWARDS, CHARGE, LEASE_S, Check, LocalStore, Outcome, RedisStore, RedisUnavailable, duration, reset_after
-
-if TYPE_CHECKING:
-    from ...proxy.gateway import Gateway
-    from ...core.request import ChatRequest
 
 log = logging.getLogger("vlm_gateway.ratelimit")
 
@@ -40,10 +42,22 @@ def _limited(t: TenantConfig) -> bool:
                 or t.concurrent_streams)
 
 
+@dataclass(slots=True)
+class Holds:
+    """What a request holds until it ends: its concurrency slot (store, key, token) and
+    the visual-token bucket charged with what it sent (key, capacity)."""
+
+    slot: tuple[str, str, str] | None = None
+    charge: tuple[str, int] | None = None
+
+
+HOLDS: Slot[Holds] = Slot("ratelimit")
+
+
 class Limiter:
-    def __init__(self, gw: "Gateway") -> None:
-        self.local = LocalStore(gw.cfg.upstream.total_timeout_s + 60.0)
-        self.redis = RedisStore(gw.cfg.redis_url, LEASE_S) if gw.cfg.redis_url else None
+    def __init__(self, redis_url: str, lease_local_s: float, clock: Clock = monotonic) -> None:
+        self.local = LocalStore(lease_local_s, clock)
+        self.redis = RedisStore(redis_url, LEASE_S) if redis_url else None
         # concurrency slots held in Redis by this replica, renewed by ``renew_loop``
         self.held: dict[tuple[str, str], None] = {}
 
@@ -97,17 +111,34 @@ def _refuse(kind: str, limit: float, wait_s: float, headers: dict[str, str], wha
                        code="rate_limit_exceeded", headers=headers, reason=f"rate_limit_{kind}")
 
 
-def make(gw: "Gateway"):
-    if not any(_limited(t) for t in gw.cfg.auth.tenants):
-        return None
-    limiter = Limiter(gw)
-    prefix = redis_keys.namespace(gw.cfg.redis_prefix, redis_keys.RATE_LIMITS)
-    gw.ratelimiter = limiter  # type: ignore[attr-defined]
-    if limiter.redis is not None:
-        gw.closers.append(limiter.redis.close)
+class RateLimit(Stage):
+    name = "ratelimit"
 
-    async def ratelimit(req: "ChatRequest"):
-        t: TenantConfig | None = req.state.get("tenant_cfg")
+    def __init__(self, limiter: Limiter, prefix: str) -> None:
+        self.limiter = limiter
+        self.prefix = prefix
+        self._renew: asyncio.Task | None = None
+
+    @classmethod
+    def from_config(cls, cfg: GatewayConfig, shared) -> "RateLimit | None":
+        if not any(_limited(t) for t in cfg.auth.tenants):
+            return None
+        return cls(Limiter(cfg.redis_url, cfg.upstream.total_timeout_s + 60.0),
+                   redis_keys.namespace(cfg.redis_prefix, redis_keys.RATE_LIMITS))
+
+    async def start(self) -> None:
+        if self.limiter.redis is not None:
+            self._renew = asyncio.create_task(self.limiter.renew_loop(), name="ratelimit-renew")
+
+    async def close(self) -> None:
+        if self._renew is not None:
+            self._renew.cancel()
+        if self.limiter.redis is not None:
+            await self.limiter.redis.close()
+
+    async def __call__(self, req: ChatRequest):
+        limiter, prefix = self.limiter, self.prefix
+        t: TenantConfig | None = req.state.get(TENANT)
         if t is None or not _limited(t):
             return None
         base = f"{prefix}{{{t.name}}}:"
@@ -147,30 +178,25 @@ def make(gw: "Gateway"):
                 raise RateLimited(f"Too many concurrent requests for this API key (limit {t.concurrent_streams}); "
                                   "retry when one finishes", code="concurrency_limit_exceeded",
                                   headers={**headers, "retry-after": "1"}, reason="rate_limit_concurrency")
-
-            async def release(r: "ChatRequest", store=store, key=key, token=token) -> None:
-                await limiter.release(store, key, token)
-            req.on_finish.append(release)
+            req.state[HOLDS] = Holds(slot=(store, key, token))
+            req.subscribe(self)
         if t.visual_tokens_per_minute and n_images:
-            async def charge(r: "ChatRequest", cap=t.visual_tokens_per_minute, key=base + "vtok") -> None:
-                if r.state.get("backend") is None:
-                    return  # answered without a backend (cache hit) or refused before sending
-                used = sum(p.tokens_after or p.tokens_before for p in r.media)   # images and videos
-                if used:
-                    await limiter.take([Check(key, cap, used, CHARGE)])
-            req.on_finish.append(charge)
+            if HOLDS not in req.state:
+                req.state[HOLDS] = Holds()
+            req.state[HOLDS].charge = (base + "vtok", t.visual_tokens_per_minute)
+            req.subscribe(self)
         req.response_headers.update(headers)
         return None
 
-    return ratelimit
-
-
-async def start(gw: "Gateway") -> None:
-    limiter: Limiter | None = getattr(gw, "ratelimiter", None)
-    if limiter is None or limiter.redis is None:
-        return
-    task = asyncio.create_task(limiter.renew_loop(), name="ratelimit-renew")
-
-    async def stop() -> None:
-        task.cancel()
-    gw.closers.append(stop)
+    async def on_finish(self, req: ChatRequest) -> None:
+        holds = req.state.pop(HOLDS)
+        if holds is None:
+            return
+        if holds.slot is not None:
+            await self.limiter.release(*holds.slot)
+        # answered without a backend (cache hit) or refused before sending: nothing to charge
+        if holds.charge is not None and req.state.get(CHOSEN) is not None:
+            used = sum(p.tokens_after or p.tokens_before for p in req.media)   # images and videos
+            if used:
+                key, cap = holds.charge
+                await self.limiter.take([Check(key, cap, used, CHARGE)])

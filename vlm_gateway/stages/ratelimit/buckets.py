@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 
 from ... import metrics
+from ...backoff import Backoff
+from ...core.clock import Clock, monotonic
 
 log = logging.getLogger("vlm_gateway.ratelimit")
 
@@ -102,13 +103,14 @@ class Outcome:
 class LocalStore:
     """The same algorithm in process memory (one replica's view)."""
 
-    def __init__(self, max_age_s: float) -> None:
+    def __init__(self, max_age_s: float, clock: Clock = monotonic) -> None:
         self.buckets: dict[str, tuple[float, float]] = {}
         self.slots: dict[str, dict[str, float]] = {}
         self.max_age_s = max_age_s
+        self.clock = clock
 
     def take(self, checks: list[Check]) -> Outcome:
-        now = time.monotonic()
+        now = self.clock()
         levels, wait = [], 0.0
         for c in checks:
             rate = c.capacity / 60.0
@@ -127,7 +129,7 @@ class LocalStore:
         return Outcome(True, 0.0, out)
 
     def acquire(self, key: str, limit: int, member: str) -> tuple[bool, int]:
-        now = time.monotonic()
+        now = self.clock()
         held = self.slots.setdefault(key, {})
         if len(held) >= limit:
             for m, t in list(held.items()):
@@ -152,8 +154,8 @@ class RedisUnavailable(Exception):
 
 class RedisStore:
     """Shared buckets in Redis. Any Redis failure raises ``RedisUnavailable`` and
-    marks Redis down for ``retry_s`` so that a dead Redis costs one failed call,
-    not one per request."""
+    starts the back-off (``backoff.py``: Redis skipped for ``retry_s``), so that a
+    dead Redis costs one failed call, not one per request."""
 
     def __init__(self, url: str, max_age_s: float = LEASE_S, timeout_s: float = 0.25, retry_s: float = 1.0) -> None:
         from ...redis_clients import async_client
@@ -161,12 +163,11 @@ class RedisStore:
         self._take = self.client.register_script(TAKE_LUA)
         self._acquire = self.client.register_script(ACQUIRE_LUA)
         self.max_age_ms = int(max_age_s * 1000)
-        self.retry_s = retry_s
-        self.down_until = 0.0
+        self.backoff = Backoff("rate limits", retry_s)
 
     @property
     def up(self) -> bool:
-        return time.monotonic() >= self.down_until
+        return self.backoff.up()
 
     async def _call(self, coro_fn):
         import redis.exceptions as rexc
@@ -176,11 +177,8 @@ class RedisStore:
             return await coro_fn()
         # RedisClusterException (a cluster without a node for a slot) is no RedisError
         except (rexc.RedisError, rexc.RedisClusterException, OSError, TimeoutError) as e:
-            if self.up:
-                log.warning("Redis unavailable for rate limits (%s); using in-process limits for %.0fs",
-                            type(e).__name__, self.retry_s)
+            self.backoff.failed(e, "using in-process limits")
             metrics.RATELIMIT_FALLBACKS.inc()
-            self.down_until = time.monotonic() + self.retry_s
             raise RedisUnavailable from None
 
     async def take(self, checks: list[Check]) -> Outcome:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections import OrderedDict
 from dataclasses import asdict, dataclass, fields
 
 import orjson
 
 from ... import metrics, redis_keys
+from ...backoff import Backoff
+from ...lru import LRU
 from ...redis_clients import delete_matching
 
 log = logging.getLogger("vlm_gateway.video")
@@ -76,10 +77,9 @@ class VideoL1:
         self.max_bytes = max_bytes
         self.prefix = redis_keys.namespace(redis_prefix, redis_keys.L1_VIDEOS)
         self.ttl_s = ttl_s
-        self.bytes = 0
-        self._lru: OrderedDict[str, VideoEntry] = OrderedDict()
+        self._lru: LRU[str, VideoEntry] = LRU(max_bytes=max(1, max_bytes), size=lambda e: e.size)
         self._redis = None
-        self._warned = False
+        self.backoff = Backoff("L1 video cache")
         if redis_url:
             from ...redis_clients import async_client
             self._redis = async_client(redis_url, timeout_s)
@@ -87,24 +87,17 @@ class VideoL1:
     def __len__(self) -> int:
         return len(self._lru)
 
+    @property
+    def bytes(self) -> int:
+        return self._lru.bytes
+
     def _put_local(self, key: str, e: VideoEntry) -> None:
-        if e.size > self.max_bytes:
-            return
-        old = self._lru.pop(key, None)
-        if old is not None:
-            self.bytes -= old.size
-        self._lru[key] = e
-        self.bytes += e.size
-        while self.bytes > self.max_bytes and self._lru:
-            _, ev = self._lru.popitem(last=False)
-            self.bytes -= ev.size
+        self._lru.put(key, e)
 
     async def get(self, key: str) -> VideoEntry | None:
         metrics.CACHE_LOOKUPS.labels(LEVEL).inc()
         e = self._lru.get(key)
-        if e is not None:
-            self._lru.move_to_end(key)
-        elif self._redis is not None:
+        if e is None and self._redis is not None and self.backoff.up():
             try:
                 blob = await self._redis.get(self.prefix + key)
             except Exception as err:  # noqa: BLE001 - a miss, never an error
@@ -123,7 +116,7 @@ class VideoL1:
 
     async def put(self, key: str, e: VideoEntry) -> None:
         self._put_local(key, e)
-        if self._redis is not None:
+        if self._redis is not None and self.backoff.up():
             try:
                 await self._redis.set(self.prefix + key, pack(e), ex=self.ttl_s)
             except Exception as err:  # noqa: BLE001
@@ -131,9 +124,7 @@ class VideoL1:
 
     async def flush(self) -> int:
         """Drop every rewritten video (this process, and the shared Redis tier)."""
-        n = len(self._lru)
-        self._lru.clear()
-        self.bytes = 0
+        n = self._lru.clear()
         if self._redis is not None:
             try:
                 n += await delete_matching(self._redis, self.prefix + "*")
@@ -142,9 +133,7 @@ class VideoL1:
         return n
 
     def _warn(self, err: Exception) -> None:
-        if not self._warned:
-            self._warned = True
-            log.warning("L1 video cache: Redis tier unavailable (%s); using the in-process tier only", err)
+        self.backoff.failed(err, "using the in-process tier only")
 
     async def close(self) -> None:
         if self._redis is not None:

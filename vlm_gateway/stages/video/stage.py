@@ -40,9 +40,11 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from ... import metrics
+from ... import metrics, redis_keys
+from ...config import ImagesConfig, VideoConfig
 from ...hashing import content_hash
 from ...core.errors import BadRequest, GatewayError
+from ...core.stage import Stage
 from ...video_tokens import (QWEN3_VL, TimestampCounter, VideoProcessorSpec, qwen_timestamp_tokens,
                              tokenizer_counter, video_tokens)
 from ..images import policy as image_policy
@@ -55,7 +57,6 @@ from .settings import VideoSettings
 
 if TYPE_CHECKING:
     from ...backends.backend import Backend
-    from ...proxy.gateway import Gateway
     from ...core.request import ChatRequest, MediaPart
     from ..images.media import Sent
     from ..images.source import Source
@@ -94,17 +95,20 @@ def _rate_text(r: str | Fraction) -> str:
     return str(Fraction(r))
 
 
-class VideoRewriter:
-    """A ``MediaRewrite`` for the kind "video"; one per gateway process."""
+class VideoRewriter(Stage):
+    """A ``MediaRewrite`` for the kind "video"; one per gateway process. Run by the media
+    stage, it subscribes a request with videos for ``before_send``."""
 
-    def __init__(self, gw: "Gateway") -> None:
-        cfg = gw.cfg.video
+    name = "video"
+
+    def __init__(self, cfg: VideoConfig, images: ImagesConfig, max_video_bytes: int, redis_url: str,
+                 redis_prefix: str = redis_keys.DEFAULT_PREFIX) -> None:
         self.cfg = cfg
-        self.images = gw.cfg.images
-        self.max_bytes = gw.cfg.limits.max_video_bytes
+        self.images = images
+        self.max_bytes = max_video_bytes
         workers = cfg.pool_workers or max(1, (os.cpu_count() or 2) // 2)
         self.pool = BoundedPool(workers, cfg.max_queue, what="video")
-        self.l1 = VideoL1(cfg.l1_max_bytes, gw.cfg.redis_url, cfg.l1_redis_ttl_s, redis_prefix=gw.cfg.redis_prefix)
+        self.l1 = VideoL1(cfg.l1_max_bytes, redis_url, cfg.l1_redis_ttl_s, redis_prefix=redis_prefix)
         self.count: TimestampCounter = qwen_timestamp_tokens
         self.counter_id = "qwen"
         if cfg.tokenizer:
@@ -220,8 +224,7 @@ class VideoRewriter:
         part.tokens_before, part.tokens_after = v.before, v.after
         if v.entry is not None:
             part.width, part.height = v.entry.src_width, v.entry.src_height
-        if self.before_send not in req.before_send:
-            req.before_send.append(self.before_send)
+        req.subscribe(self)
         self._headers(req)
         return sent
 

@@ -188,13 +188,13 @@ def _png_chunks(ihdr: bytes, idat: bytes, extra: bytes = b"") -> bytes:
 
 
 def display_p3_icc() -> bytes:
-    from .colour import PRIMARIES, icc_profile
+    from vlm_gateway.stages.images.colour import PRIMARIES, icc_profile
     return icc_profile(PRIMARIES[12], description="Display P3 (generated)")
 
 
 def p3_encode(srgb: tuple[int, int, int]) -> tuple[int, int, int]:
     """The Display P3 code values of an sRGB colour (numpy math, independent of LittleCMS)."""
-    from .colour import PRIMARIES, srgb_decode, srgb_encode, to_srgb_matrix
+    from vlm_gateway.stages.images.colour import PRIMARIES, srgb_decode, srgb_encode, to_srgb_matrix
     lin = srgb_decode(np.array(srgb, np.float64) / 255)
     p3 = np.linalg.inv(to_srgb_matrix(PRIMARIES[12])) @ lin
     return tuple(int(v) for v in np.rint(srgb_encode(p3) * 255))
@@ -468,7 +468,7 @@ def truncated(data: bytes, keep: float = 0.5) -> bytes:
 
 def hostile() -> dict[str, tuple[bytes, set[str]]]:
     """name -> (bytes, acceptable error codes). Each must be refused, fast, in bounded memory."""
-    from .decode import HEIF
+    from vlm_gateway.stages.images.decode import HEIF
     corrupt, large, cplx = {"image_corrupt"}, {"image_too_large"}, {"image_too_complex"}
     cases: dict[str, tuple[bytes, set[str]]] = {
         "png_bomb": (bomb_png(), large),

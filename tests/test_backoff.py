@@ -1,0 +1,38 @@
+"""vlm_gateway/backoff.py: the one Redis back-off (skip for retry_s after a failure,
+one warning per outage), on a hand-moved clock; and every Redis tier uses it."""
+
+import logging
+
+from vlm_gateway.backoff import Backoff
+from vlm_gateway.stages.cache.store import RedisStore
+from vlm_gateway.stages.images.l1 import L1Cache
+from vlm_gateway.stages.ratelimit.buckets import RedisStore as BucketStore
+from vlm_gateway.stages.video.l1 import VideoL1
+
+from transport import ManualClock
+
+
+def test_skipped_for_retry_s_after_a_failure_with_one_warning_per_outage(caplog):
+    clock = ManualClock()
+    b = Backoff("L9 cache", retry_s=2.0, clock=clock)
+    assert b.up()
+    with caplog.at_level(logging.WARNING, "vlm_gateway.redis"):
+        b.failed(ConnectionError())
+        assert not b.up()
+        b.failed(TimeoutError())          # still down: counted, not logged again
+        clock.advance(1.99)
+        assert not b.up()
+        clock.advance(0.01)
+        assert b.up()
+        b.failed(ConnectionError())       # a new outage: logged again
+    assert b.failures == 3
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and all(m.startswith("L9 cache: Redis failed") for m in lines)
+
+
+def test_every_redis_tier_has_the_back_off():
+    url = "redis://127.0.0.1:9/0"   # never connected here
+    assert isinstance(L1Cache(1 << 20, url).backoff, Backoff)
+    assert isinstance(VideoL1(1 << 20, url).backoff, Backoff)
+    assert isinstance(RedisStore(url, 0.05).backoff, Backoff)
+    assert isinstance(BucketStore(url).backoff, Backoff)
