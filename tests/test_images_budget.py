@@ -54,10 +54,13 @@ def test_photos_have_no_text_and_reduced_decodes_convert_the_size():
 
 def test_choose_rule():
     p = Policy()
-    text = Estimate("text", 7.0, 0.4, 0.3, 50, 0.5)
+    text = Estimate("text", 8.0, 0.4, 0.3, 50, 0.5)
     b = choose(text, 1920, p)
-    # 1920 * 6.5 / 7 = 1783 -> 1792 on the 32 px grid
-    assert (b.cls, b.long_side, b.legible_floor, b.reason) == ("text", 1792, 1792, "legible")
+    # 1920 * 6.5 / 8 = 1560 -> 1568 on the 32 px grid
+    assert (b.cls, b.long_side, b.legible_floor, b.reason) == ("text", 1568, 1568, "legible")
+    # 1920 * 6.5 / 7 = 1783 -> 1792: within 15 % of the source, which is sent as it is
+    b = choose(Estimate("text", 7.0, 0.4, 0.3, 50, 0.5), 1920, p)
+    assert (b.long_side, b.legible_floor, b.reason) == (1920, 1792, "source")
     big = Estimate("text", 40.0, 0.4, 0.3, 50, 0.5)
     assert choose(big, 1920, p).long_side == 768 and choose(big, 1920, p).reason == "floor"
     tiny = Estimate("text", 3.0, 0.4, 0.3, 50, 0.5)
@@ -112,16 +115,16 @@ def _sent_size(sim) -> tuple[int, int]:
 
 def test_gateway_header_metric_and_overrides(env):
     sim, gw = env
-    shot = T.samples(1)[0]  # 1920x1080 UI, 13 px text
-    assert shot.cls == "ui_1080"
-    part = {"type": "image_url", "image_url": {"url": _uri(shot.data, shot.mime)}}
+    buf = io.BytesIO()
+    _im(T.ui(1920, 1080, 16, 3)).save(buf, "PNG")  # 16 px UI text: legible from about 1400 px
+    part = {"type": "image_url", "image_url": {"url": _uri(buf.getvalue(), "image/png")}}
     msgs = [{"role": "user", "content": [{"type": "text", "text": "read"}, part]}]
     legible = openai.OpenAI(base_url=gw.base_url, api_key="key-legible")
     raw = legible.chat.completions.with_raw_response.create(model=SIM_MODEL, max_tokens=4, messages=msgs)
     h = raw.headers["x-vlm-gateway-image-budget"]
     assert h.startswith("messages[0].content[1].image_url;class=text;") and "reason=legible" in h
     long_side = int(h.split("long_side=")[1].split(";")[0])
-    assert long_side > 768 and max(_sent_size(sim)) == long_side
+    assert 768 < long_side < 1920 and max(_sent_size(sim)) == long_side
     m = httpx.get(gw.url + "/metrics").text
     assert 'vlm_gateway_image_budgets_total{class="text",reason="legible"}' in m
     # the client asked: its size, as asked
