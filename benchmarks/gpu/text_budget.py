@@ -6,9 +6,10 @@ Starts two gateways itself (pid files, stopped by pid at the end), both in front
 engine on :8000 (`LOADGEN_DIRECT`):
   :8080  the default image budget (legibility-aware)
   :8081  `images.budget: fixed` (the old rule: long side <= 768 for every image)
+  :8082  the default budget with the h200 profile's image cap (1280 px) raised to 2560
 and sends 1920x1080 PNG screenshots dense with 11-15 px text, (a) raw straight to vLLM,
-(b) through the fixed-768 gateway, (c) through the default gateway, at concurrency 1, 16
-and 64. Every request carries an image never sent before (each mode and cell has its own,
+(b) through the fixed-768 gateway, (c) through the default gateway (text budget capped at
+the profile's 1280), (d) through :8082, at concurrency 1, 16 and 64. Every request carries an image never sent before (each mode and cell has its own,
 warm-ups included), so no engine or gateway cache serves one. Streams, 64 output tokens
 with ignore_eos, temperature 0. Reports TTFT p50/p99, req/s, prompt tokens and the budget
 header the gateway returned; the accuracy each budget keeps is measured by
@@ -77,13 +78,16 @@ def body(png: bytes) -> dict:
                 {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}}]}]}
 
 
-def start_gateway(port: int, budget: str, workers: int, tmp: Path) -> subprocess.Popen:
+def start_gateway(port: int, budget: str, workers: int, tmp: Path, uncapped: bool = False) -> subprocess.Popen:
     cfg = tmp / f"gateway-{port}.yaml"
+    profile = "h200-text" if uncapped else "h200"
     cfg.write_text(
         f"server: {{port: {port}, workers: {workers}}}\n"
         f"images: {{budget: {budget}}}\n"
-        "backends:\n"
-        f"  - {{url: {DIRECT}, name: gpu0, engine: vllm, profile: h200, models: [{MODEL}]}}\n")
+        + ("profiles: {h200-text: {base: h200, image_max_long_side: 2560, image_max_pixels: 3686400}}\n"
+           if uncapped else "")
+        + "backends:\n"
+        f"  - {{url: {DIRECT}, name: gpu0, engine: vllm, profile: {profile}, models: [{MODEL}]}}\n")
     log = open(tmp / f"gateway-{port}.log", "wb")
     p = subprocess.Popen([sys.executable, "-m", "vlm_gateway", "serve", "--config", str(cfg)],
                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -115,14 +119,16 @@ def main() -> None:
     a = ap.parse_args()
     plan = [(1, 16), (16, 64), (64, 192)] if not a.quick else [(1, 3), (4, 8)]
     modes = {"a_direct_raw": DIRECT, "b_gateway_fixed768": "http://127.0.0.1:8081/v1",
-             "c_gateway_legible": "http://127.0.0.1:8080/v1"}
+             "c_gateway_legible": "http://127.0.0.1:8080/v1",
+             "d_gateway_legible_uncapped": "http://127.0.0.1:8082/v1"}
     need = sum(n + 2 for _, n in plan) * len(modes)
     t0 = time.time()
     with ProcessPoolExecutor(os.cpu_count()) as ex:
         pngs = list(ex.map(text_screenshot, range(need), chunksize=8))
     print(f"generated {len(pngs)} screenshots in {time.time() - t0:.1f}s", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="text-budget-"))
-    gws = [start_gateway(8080, "legible", a.workers, tmp), start_gateway(8081, "fixed", a.workers, tmp)]
+    gws = [start_gateway(8080, "legible", a.workers, tmp), start_gateway(8081, "fixed", a.workers, tmp),
+           start_gateway(8082, "legible", a.workers, tmp, uncapped=True)]
     out = {"cells": [], "images": "1920x1080 PNG, 11-15 px text, distinct per request"}
     try:
         off = 0
@@ -134,7 +140,7 @@ def main() -> None:
                 res = asyncio.run(run_cell(base, [body(p) for p in cell[:n]], conc))
                 res.update(conc=conc, mode=mode)
                 out["cells"].append(res)
-                print(f"conc {conc:3d} {mode:20s} TTFT p50 {res['ttft_p50_ms'] or 0:8.1f} ms  p99 "
+                print(f"conc {conc:3d} {mode:26s} TTFT p50 {res['ttft_p50_ms'] or 0:8.1f} ms  p99 "
                       f"{res['ttft_p99_ms'] or 0:8.1f}  {res['rps']:6.2f} req/s  ok {res['ok']}/{res['n']}  "
                       f"prompt_tokens {res['prompt_tokens']}  budget {res.get('budget')} {res['errors'] or ''}",
                       flush=True)
