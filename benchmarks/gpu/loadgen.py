@@ -43,6 +43,7 @@ from vlm_gateway.vision_tokens import target_size, visual_tokens  # noqa: E402
 DIRECT = os.environ.get("LOADGEN_DIRECT", "http://127.0.0.1:8000/v1")
 GATEWAY = os.environ.get("LOADGEN_GATEWAY", "http://127.0.0.1:8080/v1")
 MODEL = os.environ.get("LOADGEN_MODEL", "qwen3vl")
+IMAGE_CAP = int(os.environ.get("LOADGEN_IMAGE_CAP", "1280"))  # the backend profile's image_max_long_side
 ENGINE_PORTS = [int(p) for p in os.environ.get("LOADGEN_ENGINE_PORTS", "8000,8001").split(",")]
 
 
@@ -185,9 +186,12 @@ class Images:
 
     def __init__(self, kind: str) -> None:
         from variants import variants
+        from vlm_gateway.stages.images.policy import Policy
         from vlm_gateway.stages.images.rewrite import rewrite_bytes
         self.raw = base_image(kind)
-        r = rewrite_bytes(self.raw)
+        # the gateway's own decision for this backend: the default policy under the profile's
+        # image cap (h200: 1280 px, as start_gateway.sh configures it)
+        r = rewrite_bytes(self.raw, Policy().capped(IMAGE_CAP))
         self.rewritten = r.data
         self.rewrite_cpu_ms = r.seconds * 1000
         self.size_out = f"{r.width}x{r.height}"

@@ -88,6 +88,14 @@ def _av():
     return av
 
 
+def _open(av, data: bytes, kind: str):
+    opts = {"probesize": str(8 * 2**20), "analyzeduration": "5000000", "enable_drefs": "0"}
+    try:  # PyAV < 19: undecodable metadata raises unless told to ignore it
+        return av.open(io.BytesIO(data), mode="r", format=DEMUXERS[kind], options=opts, metadata_errors="ignore")
+    except TypeError:  # PyAV 19 dropped the argument (metadata is read leniently)
+        return av.open(io.BytesIO(data), mode="r", format=DEMUXERS[kind], options=opts)
+
+
 def open_video(data: bytes, settings: VideoSettings):
     """(container, stream, header) of the first video stream; the caller closes the container."""
     if len(data) > settings.max_bytes:
@@ -96,10 +104,7 @@ def open_video(data: bytes, settings: VideoSettings):
     kind = sniff(data)
     av = _av()
     try:
-        container = av.open(io.BytesIO(data), mode="r", format=DEMUXERS[kind],
-                            options={"probesize": str(8 * 2**20), "analyzeduration": "5000000",
-                                     "enable_drefs": "0"},
-                            metadata_errors="ignore")
+        container = _open(av, data, kind)
     except (av.FFmpegError, ValueError, OSError) as e:
         raise VideoError(f"the {kind.upper()} container is corrupt or truncated ({_short(e)})",
                          "video_corrupt") from None
