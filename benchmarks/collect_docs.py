@@ -14,13 +14,14 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 # page, section title (in this order)
 PAGES = [("summary.md", None), ("overhead.md", "Gateway overhead (vs LiteLLM's proxy)"),
          ("gpu.md", "Real engine (vLLM 0.24 on H200)"), ("images.md", "Image rewriting"),
+         ("quality.md", "Accuracy: text legibility per image budget (OCR readers)"),
          ("speed.md", "Speed: worker balance and honest timing"), ("video.md", "Video rewriting"),
          ("grounding.md", "Grounding (coordinates in the client's frame)"),
          ("cache.md", "Response caches (L3)"), ("routing.md", "Routing policies (simulated H200 pool)"),
          ("slo.md", "SLO-aware image budgets (simulated H200 pool)"),
          ("simulator.md", "Simulator calibration"), ("soak.md", "Soak"),
          ("discovery.md", "Backend discovery: affinity under membership changes"),
-         ("scale.md", "Gateway replicas (scale)"),
+         ("scale.md", "Gateway replicas (scale)"), ("redis_memory.md", "Redis memory per cached item"),
          ("observability.md", "Observability costs"), ("ecosystem.md", "Ecosystem"),
          ("hardening.md", "Hardening guards")]
 
