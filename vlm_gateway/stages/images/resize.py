@@ -28,7 +28,7 @@ def reduce_factor(size: tuple[int, int], target: tuple[int, int], gap: float = 2
 def final_filter(im: Image.Image, target: tuple[int, int], resample: str = "bicubic") -> Image.Image:
     if im.size == target:
         return im
-    if vips.VIPS and im.mode in ("RGB", "L"):
+    if vips.VIPS and im.mode in vips.BANDS:
         return vips.resize(im, target, resample)
     return im.resize(target, FILTERS.get(resample, Image.Resampling.BICUBIC))
 

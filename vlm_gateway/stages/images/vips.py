@@ -61,12 +61,19 @@ def rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB") if im.mode in ("RGBX", "L") else im
 
 
+BANDS = {"RGB": 3, "L": 1, "RGBX": 4}
+
+
 def resize(im: Image.Image, target: tuple[int, int], resample: str) -> Image.Image:
-    """``im`` (RGB or L) resized to exactly ``target`` with libvips' reduce."""
-    bands = 3 if im.mode == "RGB" else 1
-    v = pyvips.Image.new_from_memory(im.tobytes(), im.width, im.height, bands, "uchar")
+    """``im`` (RGB, L, or RGBX as ``decode_png`` gives it) resized to exactly ``target`` with
+    libvips' reduce; RGBX comes back RGB (the padding band dropped after the reduction, so
+    the full-size image is never converted)."""
+    v = pyvips.Image.new_from_memory(im.tobytes(), im.width, im.height, BANDS[im.mode], "uchar")
     v = v.resize(target[0] / im.width, vscale=target[1] / im.height, kernel=KERNELS.get(resample, "cubic"))
     if (v.width, v.height) != target:  # rounding of the scale: never off by more than a pixel
         v = v.crop(0, 0, min(v.width, target[0]), min(v.height, target[1])).gravity(
             "north-west", target[0], target[1], extend="copy")
-    return Image.frombuffer(im.mode, target, v.write_to_memory(), "raw", im.mode, 0, 1)
+    mode = im.mode
+    if mode == "RGBX":
+        v, mode = v.extract_band(0, n=3), "RGB"
+    return Image.frombuffer(mode, target, v.write_to_memory(), "raw", mode, 0, 1)
