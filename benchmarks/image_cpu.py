@@ -59,9 +59,13 @@ def child(name: str, reps: int, pieces: bool) -> dict:
     from vlm_gateway.stages.images.rewrite import rewrite
     data = make(name)
     h = probe(data, 64_000_000)
-    pol = Policy()
+    # IMAGE_CPU_BUDGET: "fixed" (long side <= 768), "legible" (the default budget), or
+    # "legible:<cap>" (the default under a backend profile's cap, e.g. h200's 1280)
+    spec = os.environ.get("IMAGE_CPU_BUDGET", "legible")
+    budget, _, cap = spec.partition(":")
+    pol = Policy(budget=budget).capped(int(cap) if cap else None)
     r = rewrite(data, h, pol)
-    out = {"rewrite": cpu_ms(lambda: rewrite(data, h, pol), reps), "out": f"{r.width}x{r.height}",
+    out = {"rewrite": cpu_ms(lambda: rewrite(data, h, pol), reps), "out": f"{r.width}x{r.height}", "budget": spec,
            "mime": r.mime, "bytes_out": len(r.data), "trimmed": r.trimmed, "in": f"{h.width}x{h.height}",
            "bytes_in": len(data)}
     if not pieces:
