@@ -17,7 +17,6 @@ import json
 import os
 import random
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,30 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))
+from test_workers import http_get_health  # noqa: E402  (the test's raw keep-alive client)
 from worker_balance import start, stop, wait_ready  # noqa: E402
-
-
-def http_get_health(s) -> bytes:
-    """One GET /health on a raw keep-alive socket; the whole response read; its head returned."""
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        chunk = s.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed before the response head")
-        buf += chunk
-    head, _, body = buf.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        k, _, v = line.partition(b":")
-        if k.strip().lower() == b"content-length":
-            length = int(v)
-    while len(body) < length:
-        chunk = s.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed before the response body")
-        body += chunk
-    return head.lower()
 
 
 def per_worker(port: int, pids: list[int]) -> list[int]:
