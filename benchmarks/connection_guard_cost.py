@@ -20,7 +20,7 @@ from conftest import Servers, free_port, wait_http  # noqa: E402
 
 RUNNER = r'''
 import os, sys, uvicorn, orjson
-from vlm_gateway.config import load_config
+from vlm_gateway import load_config
 cfg = load_config(None, environ={}, overrides={"backends": [{"url": sys.argv[3], "name": "sim0", "engine": "sim"}], "server": {"log_level": "warning"}})
 os.environ["VLM_GATEWAY_CONFIG_JSON"] = orjson.dumps(cfg.to_dict()).decode()
 uvicorn.run("vlm_gateway.proxy.app:create_app", factory=True, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",

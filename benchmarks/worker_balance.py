@@ -95,7 +95,7 @@ def main() -> None:
                 cmd = [sys.executable, "-m", "vlm_gateway", "serve", "--config", str(tmp / "gw.yaml")]
                 e = env
             else:
-                from vlm_gateway.config import load_config
+                from vlm_gateway import load_config
                 import orjson
                 c = load_config(str(tmp / "gw.yaml"))
                 e = {**env, "VLM_GATEWAY_CONFIG_JSON": orjson.dumps(c.to_dict()).decode(),

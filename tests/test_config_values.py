@@ -14,7 +14,7 @@ import typing
 import pytest
 import yaml
 
-from vlm_gateway.config import ConfigError, GatewayConfig, load_config
+from vlm_gateway import ConfigError, GatewayConfig, load_config
 
 SHA = "ab" * 32
 # the smallest valid entry of each list of sections, for setting one key inside it

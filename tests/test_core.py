@@ -303,7 +303,7 @@ def test_bad_config_names_the_key_and_exits_2(tmp_path):
 
 
 def test_env_overrides_config_and_example_config_loads(tmp_path):
-    from vlm_gateway.config import load_config
+    from vlm_gateway import load_config
     cfg = load_config("examples/gateway.yaml", environ={"VLM_GATEWAY_SERVER__PORT": "9123",
                                                         "VLM_GATEWAY_REDIS_URL": "redis://127.0.0.1:6379/3"})
     assert cfg.server.port == 9123 and cfg.redis_url == "redis://127.0.0.1:6379/3"

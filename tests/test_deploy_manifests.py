@@ -17,7 +17,7 @@ import yaml
 from vlm_gateway import metrics
 from vlm_gateway.backends.launch import command_for
 from vlm_gateway.backends.profiles import load_profiles
-from vlm_gateway.config import ConfigError, load_config
+from vlm_gateway import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
 VERSIONS = ("1.30.0", "1.37.0")   # preStop `sleep` needs 1.29+ (beta, on by default from 1.30)

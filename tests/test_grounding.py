@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from vlm_gateway.backends.sim.grounding import desktop
-from vlm_gateway.config import ConfigError, load_config
+from vlm_gateway import ConfigError, load_config
 from vlm_gateway.stages.auth import TENANT
 from vlm_gateway.stages.grounding import plan as P
 from vlm_gateway.stages.grounding.conventions import BUILTIN, detect, resolve

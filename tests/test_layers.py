@@ -32,17 +32,6 @@ LAYERS = [
 ]
 NAMES = {0: "core", 1: "base", 2: "stages/backends", 3: "proxy", 4: "cli"}
 
-# The one upward lookup left: config validation asks the layer above for the names it
-# registers (routing policies, GPU and simulator profiles, per-model image keys), so that
-# a wrong name is refused before listening. Each is imported inside the rule's function.
-UPWARD_ALLOWED = {
-    ("vlm_gateway.config_values", "vlm_gateway.backends.router"),
-    ("vlm_gateway.config_values", "vlm_gateway.backends.profiles"),
-    ("vlm_gateway.config_values", "vlm_gateway.backends.sim.profiles"),
-    ("vlm_gateway.config_values", "vlm_gateway.stages.images.policy"),
-}
-
-
 def layer(mod: str) -> int:
     for prefix, n in LAYERS:
         if mod == prefix or mod.startswith(prefix + "."):
@@ -114,7 +103,7 @@ def imports():
 
 def test_no_import_goes_up_a_layer():
     bad = [f"{m} ({NAMES[layer(m)]}) imports {t} ({NAMES[layer(t)]}) at line {n} [{k}]"
-           for m, t, n, k in imports() if layer(t) > layer(m) and (m, t) not in UPWARD_ALLOWED]
+           for m, t, n, k in imports() if layer(t) > layer(m)]
     assert not bad, "\n".join(bad)
 
 
@@ -150,8 +139,3 @@ def test_no_type_checking_import_hides_a_cycle():
     bad = [f"{m} imports {t} under TYPE_CHECKING (line {n}), and {t} imports {m} back"
            for m, t, n, k in imports() if k == "typing" and reaches(t, m)]
     assert not bad, "\n".join(bad)
-
-
-def test_upward_exceptions_are_still_needed():
-    found = {(m, t) for m, t, _, _ in imports()}
-    assert UPWARD_ALLOWED <= found, UPWARD_ALLOWED - found

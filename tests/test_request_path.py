@@ -14,7 +14,8 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from vlm_gateway.config import TenantConfig, load_config
+from vlm_gateway import load_config
+from vlm_gateway.config import TenantConfig
 from vlm_gateway.core.request import parse_chat
 from vlm_gateway.proxy.endpoints import CompletionEndpoint
 from vlm_gateway.proxy.gateway import Gateway

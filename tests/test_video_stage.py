@@ -16,7 +16,7 @@ pytest.importorskip("av")
 
 from vlm_gateway import video_tokens as vt  # noqa: E402
 from vlm_gateway.backends.backend import Backend  # noqa: E402
-from vlm_gateway.config import ConfigError, load_config  # noqa: E402
+from vlm_gateway import ConfigError, load_config  # noqa: E402
 import video_corpus as corpus  # noqa: E402
 from vlm_gateway.stages.video.budget import frame_budget  # noqa: E402
 from vlm_gateway.stages.video.rewrite import rewrite_video  # noqa: E402

@@ -12,8 +12,8 @@ import tempfile
 
 import orjson
 
-from . import __version__
-from .config import BackendConfig, ConfigError, load_config, validate
+from . import __version__, load_config, validate
+from .config import BackendConfig, ConfigError
 from .config_values import http_url
 
 log = logging.getLogger("vlm_gateway")

@@ -8,6 +8,11 @@ override the file; their values are parsed as YAML scalars/lists.
 
 Errors name the offending key (``images.max_long_side: expected int, got 'big'``)
 and the CLI exits with status 2. ``docs/CONFIG.md`` is generated from this module.
+
+``read_config`` builds the model and checks every value this layer can judge
+(``validate``: types, ranges, URLs, relations, ``config_values.py``). The names that
+the layers above define (routing policies, GPU and simulator profiles) are checked
+by them: ``vlm_gateway.load_config`` is ``read_config`` followed by that check.
 """
 
 from __future__ import annotations
@@ -570,9 +575,10 @@ def _apply_env(data: dict[str, Any], environ: typing.Mapping[str, str]) -> None:
         node[path[-1]] = value
 
 
-def load_config(path: str | None = None, environ: typing.Mapping[str, str] | None = None,
+def read_config(path: str | None = None, environ: typing.Mapping[str, str] | None = None,
                 overrides: dict[str, Any] | None = None) -> GatewayConfig:
-    """Read YAML (optional), apply ``VLM_GATEWAY_*`` env vars, then ``overrides``."""
+    """Read YAML (optional), apply ``VLM_GATEWAY_*`` env vars, then ``overrides``; every
+    value checked but the names the upper layers define (``vlm_gateway.load_config``)."""
     environ = os.environ if environ is None else environ
     path = path or environ.get(ENV_PREFIX + "CONFIG") or None
     data: dict[str, Any] = {}
@@ -598,8 +604,8 @@ def load_config(path: str | None = None, environ: typing.Mapping[str, str] | Non
 
 
 def validate(cfg: GatewayConfig) -> None:
-    """Checks that go beyond types: ranges, names that must exist, URLs, hosts, paths and
-    keys that depend on each other (``config_values.py``)."""
+    """Checks that go beyond types: ranges, URLs, hosts, paths and keys that depend on
+    each other (``config_values.py``)."""
     from .config_values import check
     check(cfg)
     _validate_discovery(cfg.discovery)
@@ -632,6 +638,13 @@ def _validate_discovery(entries: list[DiscoveryConfig]) -> None:
                               f"(pip install 'vlm-gateway[{need[2]}]')")
 
 
+# The image keys images.models.NAME and a tenant's images may set over the images section
+# (resolved by stages/images/policy.model_settings, checked by config_values).
+IMAGE_OVERRIDE_KEYS = ("max_long_side", "grid_factor", "min_pixels", "max_pixels", "detail_low_long_side",
+                       "detail_high_long_side", "trim_borders", "trim_tolerance", "jpeg_quality", "resample",
+                       "prescale_gap", "budget", "text_max_long_side", "legible_text_px", "legible_dense_px",
+                       "photo_long_side")
+# The grounding keys images.models.NAME may set (stages/grounding).
 _COORDINATE_KEYS = {"coordinates": str, "map_coordinates": bool, "processor_min_pixels": int,
                     "processor_max_pixels": int}
 

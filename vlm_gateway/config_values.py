@@ -6,13 +6,15 @@ print one line and exit 2 before it listens. The rules, in order:
 
 - every float is finite; every number is >= 0 unless ``RULES`` says more;
 - ``RULES[key]`` (``backends[].url`` stands for every list entry) checks ranges,
-  names that must exist (routing policy, GPU and simulator profiles), URLs, hosts,
-  CIDRs and paths;
+  URLs, hosts, CIDRs and paths;
 - ``_across`` checks what involves several keys (unique names, min <= max, per-model
   image overrides, per-process rate limits with several workers and no Redis).
 
-Every string, list and map key of the model is either in ``RULES`` or in ``FREE``
-(any value of the right type is valid there); a test walks the model and keeps it so.
+Every string, list and map key of the model is in ``RULES``, in ``FREE`` (any value
+of the right type is valid there) or in ``NAMED_ABOVE``: names a layer above defines
+(routing policies, GPU and simulator profiles), which that layer checks after this
+module (``backends/config_names.py``; ``vlm_gateway.load_config`` runs both); a test
+walks the model and gives every key a wrong value.
 """
 
 from __future__ import annotations
@@ -193,26 +195,6 @@ def allowed_origin(v: str, cfg) -> str | None:
     return None
 
 
-def routing_policy(v: str, cfg) -> str | None:
-    from .backends.router import policy_names
-    names = policy_names()
-    return None if v in names else f"expected one of {', '.join(names)}, got {v!r}"
-
-
-def gpu_profile(v: str, cfg) -> str | None:
-    if v == "":
-        return None
-    from .backends.profiles import load_profiles
-    names = sorted(load_profiles(cfg.profiles))
-    return None if v in names else f"unknown GPU profile {v!r}; known: {', '.join(names)} (or add it under profiles)"
-
-
-def sim_profile(v: str, cfg) -> str | None:
-    from .backends.sim.profiles import profile_names
-    names = profile_names()
-    return None if v in names else f"unknown simulator profile {v!r}; known: {', '.join(names)}"
-
-
 _K8S_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")   # DNS-1035 label (Service, port name)
 _K8S_NS = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")     # DNS-1123 label (namespace)
 
@@ -259,12 +241,6 @@ def pid_directory(v: str, cfg) -> str | None:
     if os.path.isdir(p) or (not os.path.exists(p) and os.path.isdir(os.path.dirname(p))):
         return None
     return f"must be a directory (or one to create in an existing directory), got {v!r}"
-
-
-def gpu_profiles(v: dict, cfg) -> str | None:
-    from .backends.profiles import load_profiles
-    load_profiles(v)  # raises ConfigError naming profiles.<name>.<key>
-    return None
 
 
 def model_dir(v: str, cfg) -> str | None:
@@ -321,9 +297,7 @@ RULES: dict[str, Rule] = {
     "backends[].name": backend_name,
     "backends[].api_key": header_safe,
     "backends[].models": non_empty_names,
-    "backends[].profile": gpu_profile,
     "backends[].metrics_url": lambda v, c: http_url(v, c, optional=True),
-    "routing.policy": routing_policy,
     "routing.max_retries": within(0, 16),
     "routing.health_interval_s": above(0),
     "routing.scrape_interval_s": above(0),
@@ -383,9 +357,7 @@ RULES: dict[str, Rule] = {
     "slo.photo_scales": level_scales,
     "slo.text_scales": level_scales,
     "slo.photo_floor_long_side": at_least(1),
-    "simulator.profile": sim_profile,
     "simulator.time_scale": above(0),
-    "profiles": gpu_profiles,
     "redis_url": redis_url,
     "discovery[].dns_name": dns_name,
     "discovery[].port": within(0, 65535),
@@ -396,7 +368,6 @@ RULES: dict[str, Rule] = {
     "discovery[].port_name": k8s_name(_K8S_NAME, 15),
     "discovery[].kubeconfig": existing_file("a kubeconfig"),
     "discovery[].path": lambda v, c: None if v.startswith("/") else f"must start with /, got {v!r}",
-    "discovery[].profile": gpu_profile,
     "discovery[].models": non_empty_names,
     "discovery[].api_key": header_safe,
     "video.fps": above(0),
@@ -437,6 +408,16 @@ FREE: dict[str, str] = {
     "discovery[].metrics_format": "a Literal",
     "video.plan": "a Literal",
     "slo.percentile": "a Literal",
+}
+
+# Keys whose valid values a layer above defines; that layer checks them after ``check``
+# (backends/config_names.py, called by ``vlm_gateway.load_config``).
+NAMED_ABOVE: dict[str, str] = {
+    "routing.policy": "a registered routing policy (backends/router)",
+    "backends[].profile": "a GPU profile, shipped or under profiles (backends/profiles.py)",
+    "discovery[].profile": "a GPU profile",
+    "profiles": "GPU profile entries (backends/profiles.py)",
+    "simulator.profile": "a simulator profile (backends/sim/profiles.yaml)",
 }
 
 
@@ -490,8 +471,7 @@ def _images(ic, key: str) -> None:
 
 def _image_overrides(cfg: "GatewayConfig", over, base: str, extra_keys: tuple[str, ...]) -> None:
     """A mapping of image keys over the global section (images.models.NAME, a tenant's images)."""
-    from .config import ConfigError, ImagesConfig, _convert
-    from .stages.images.policy import _OVERRIDABLE
+    from .config import IMAGE_OVERRIDE_KEYS, ConfigError, ImagesConfig, _convert
     hints = typing.get_type_hints(ImagesConfig)
     if not isinstance(over, dict):
         raise ConfigError(f"{base}: expected a mapping of image keys, got {over!r}")
@@ -499,9 +479,9 @@ def _image_overrides(cfg: "GatewayConfig", over, base: str, extra_keys: tuple[st
     for k, v in over.items():
         if k in extra_keys:  # the model's grounding keys: config._validate_model_coordinates
             continue
-        if k not in _OVERRIDABLE:
+        if k not in IMAGE_OVERRIDE_KEYS:
             raise ConfigError(f"{base}.{k}: not a per-{'model' if extra_keys else 'tenant'} image key; allowed: "
-                              f"{', '.join((*_OVERRIDABLE, *extra_keys))}")
+                              f"{', '.join((*IMAGE_OVERRIDE_KEYS, *extra_keys))}")
         values[k] = _convert(hints[k], v, f"{base}.{k}")
         problem = RULES.get(f"images.{k}", at_least(0))(values[k], cfg) \
             if not isinstance(values[k], (bool, str)) else None

@@ -148,10 +148,15 @@ def command_for(profile: dict[str, Any], model: str, host: str, port: int, serve
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from ..config import ConfigError, load_config
+    from ..config import ConfigError, read_config
+    from . import config_names
     from .profiles import load_profiles
     try:
-        extra = load_config(args.config).profiles if args.config else {}
+        extra = {}
+        if args.config:
+            cfg = read_config(args.config)
+            config_names.check(cfg)
+            extra = cfg.profiles
         profiles = load_profiles(extra)
     except ConfigError as e:
         print(f"vlm-gateway launch: config error: {e}", file=sys.stderr)

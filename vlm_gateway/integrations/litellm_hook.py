@@ -40,7 +40,8 @@ import litellm
 from litellm.integrations.custom_logger import CustomLogger
 
 from .. import data_uri
-from ..config import GatewayConfig, ImagesConfig, load_config
+from ..backends import config_names
+from ..config import GatewayConfig, ImagesConfig, read_config
 from ..lru import LRU
 from ..stages.images import Policy, rewrite_bytes
 from ..stages.images.decode import ImageError
@@ -71,9 +72,11 @@ def _load(config: GatewayConfig | ImagesConfig | dict | str | None) -> ImagesCon
         return config
     if isinstance(config, GatewayConfig):
         return config.images
-    if isinstance(config, dict):
-        return load_config(None, environ={}, overrides=config).images
-    return load_config(config).images  # a path, or VLM_GATEWAY_CONFIG / VLM_GATEWAY_* env
+    # a dict of sections, or a path (None: VLM_GATEWAY_CONFIG / VLM_GATEWAY_* env); checked
+    # as the gateway checks it, so one config file is refused or taken the same everywhere
+    cfg = read_config(None, environ={}, overrides=config) if isinstance(config, dict) else read_config(config)
+    config_names.check(cfg)
+    return cfg.images
 
 
 class ImageRewriteHook(CustomLogger):

@@ -9,20 +9,14 @@ Under engine pressure the SLO budget level (``pressure.py``) is applied on top."
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ...config import IMAGE_OVERRIDE_KEYS, ImagesConfig, SloConfig
 from ...core.errors import BadRequest
-
-if TYPE_CHECKING:
-    from ...config import ImagesConfig, SloConfig
 
 POLICY_HEADER = "x-vlm-gateway-image-policy"
 # header value: the default budget, and under engine pressure text may go below its legibility floor
 BELOW_FLOOR = "below-floor"
-_OVERRIDABLE = ("max_long_side", "grid_factor", "min_pixels", "max_pixels", "detail_low_long_side",
-                "detail_high_long_side", "trim_borders", "trim_tolerance", "jpeg_quality", "resample",
-                "prescale_gap", "budget", "text_max_long_side", "legible_text_px", "legible_dense_px",
-                "photo_long_side")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +66,7 @@ class Policy:
                   f"{','.join(f'{x:g}' for x in self.photo_scales)}:{','.join(f'{x:g}' for x in self.text_scales)}")
         return k
 
-    def under(self, level: int, slo: "SloConfig", below_floor: bool) -> "Policy":
+    def under(self, level: int, slo: SloConfig, below_floor: bool) -> "Policy":
         """This policy at SLO budget ``level``; an image sent as it came ("off") is left alone."""
         if level <= 0 or not self.enabled:
             return self
@@ -97,11 +91,13 @@ class Policy:
         return replace(self, max_long_side=cap)
 
 
-def model_settings(cfg: "ImagesConfig", model: str, tenant: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Global settings, then the model's overrides, then the tenant's (``auth.tenants[].images``)."""
-    s = {k: getattr(cfg, k) for k in _OVERRIDABLE}
-    s.update({k: v for k, v in (cfg.models.get(model) or {}).items() if k in _OVERRIDABLE})
-    s.update({k: v for k, v in (tenant or {}).items() if k in _OVERRIDABLE})
+def model_settings(cfg: ImagesConfig, model: str, tenant: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The image keys in force for ``model``: global settings, then the model's overrides,
+    then the tenant's (``auth.tenants[].images``). The one place a model's image budget is
+    resolved: the image stage, the video frame budget and admission's profile filter read it."""
+    s = {k: getattr(cfg, k) for k in IMAGE_OVERRIDE_KEYS}
+    s.update({k: v for k, v in (cfg.models.get(model) or {}).items() if k in IMAGE_OVERRIDE_KEYS})
+    s.update({k: v for k, v in (tenant or {}).items() if k in IMAGE_OVERRIDE_KEYS})
     return s
 
 
@@ -124,7 +120,7 @@ def parse_header(value: str | None) -> str | int:
     return n
 
 
-def resolve(cfg: "ImagesConfig", model: str, header: str | int, detail: str | None,
+def resolve(cfg: ImagesConfig, model: str, header: str | int, detail: str | None,
             tenant: dict[str, Any] | None = None) -> Policy:
     s = model_settings(cfg, model, tenant)
     long_side = s["max_long_side"]
