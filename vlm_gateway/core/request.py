@@ -105,7 +105,8 @@ ImagePart = MediaPart
 
 
 class Subscriber(Protocol):
-    """What a stage subscribed to a request offers (``core.stage.Stage`` is the base)."""
+    """What a subscriber of a request offers (``core.stage.Hooks`` is the base, of every
+    ``Stage`` too)."""
 
     async def before_send(self, req: "ChatRequest", backend: Any) -> None: ...
     async def on_complete(self, req: "ChatRequest", completion: dict[str, Any]) -> None: ...

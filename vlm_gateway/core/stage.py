@@ -20,6 +20,11 @@ they subscribed:
 
 and, once per process: ``start()`` after the event loop runs, ``close()`` on shutdown,
 ``flush()`` for ``POST /admin/cache/flush`` (what each cache forgot, by name).
+
+``Hooks`` is the per-request half on its own: the base of a part that a stage runs
+inside itself and that subscribes requests too, without being a stage of the chain
+(the video rewrite is a ``MediaRewrite`` of the media stage, stages/images/media.py:
+called as ``rewrite(req, part, source)``, its process hooks called by the media stage).
 """
 
 from __future__ import annotations
@@ -38,13 +43,9 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class Stage:
-    """Base of every stage; each hook does nothing unless a stage overrides it."""
-
-    name = "stage"
-
-    async def __call__(self, req: ChatRequest) -> Reply | None:
-        return None
+class Hooks:
+    """What a request subscriber offers (``req.subscribe``); each hook does nothing
+    unless overridden."""
 
     async def before_send(self, req: ChatRequest, backend: Any) -> None:
         return None
@@ -53,6 +54,15 @@ class Stage:
         return None
 
     async def on_finish(self, req: ChatRequest) -> None:
+        return None
+
+
+class Stage(Hooks):
+    """Base of every stage; each hook does nothing unless a stage overrides it."""
+
+    name = "stage"
+
+    async def __call__(self, req: ChatRequest) -> Reply | None:
         return None
 
     async def start(self) -> None:

@@ -10,19 +10,27 @@ and inlined as a data: URI, so the engine never fetches anything itself; under
 and forwarded. ``part.content_hash`` is the hash of the bytes sent.
 
 What is sent for a source is decided by the kind's ``MediaRewrite`` in the
-stage's ``rewrites`` (``REWRITES`` by default): it receives the request, the part
-and its resolved ``Source`` (bytes, hash, declared content type) and returns the
-``Sent`` URL with the identity of what it sends. Audio and image embeddings are
-forwarded as they came; with ``video.enabled`` (the default) ``rewrites["video"]``
-is the video rewrite (stages/video/stage.py: frame sampling, near-duplicate
-removal, downscale, re-encode), else videos are forwarded too.
+stage's ``rewrites`` (``REWRITES`` by default):
+
+    await rewrite(req, part, source) -> Sent
+        the request, the part and its resolved ``Source`` (bytes, hash, declared
+        content type) in; the ``Sent`` URL and the identity of what it sends out
+
+A plain function is one (``forward``); a rewrite with state is a class whose
+``__call__`` has this shape. It is not a ``Stage`` (``core/stage.py``: a stage is
+called with the request alone, in the chain): the media stage owns it, closes and
+flushes it with itself, and it may subscribe a request for the per-request hooks
+(``core.stage.Hooks``). Audio and image embeddings are forwarded as they came; with
+``video.enabled`` (the default) ``rewrites["video"]`` is the video rewrite
+(stages/video/stage.py ``VideoRewriter``: frame sampling, near-duplicate removal,
+downscale, re-encode), else videos are forwarded too.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol
 
 from ... import metrics
 from ...config import GatewayConfig
@@ -34,6 +42,7 @@ from .source import MediaSources, Source, as_error
 
 if TYPE_CHECKING:
     from ...core.request import ChatRequest, MediaPart
+    from ..video.stage import VideoRewriter
 
 KINDS = ("video", "audio", "embeds")
 
@@ -47,7 +56,10 @@ class Sent:
     identity: str
 
 
-MediaRewrite = Callable[["ChatRequest", "MediaPart", Source], Awaitable[Sent]]
+class MediaRewrite(Protocol):
+    """What is sent for one media part of a kind (the module docstring)."""
+
+    async def __call__(self, req: "ChatRequest", part: "MediaPart", src: Source) -> Sent: ...
 
 # container signatures -> MIME type, for inlining fetched bodies
 _MAGIC = (
@@ -86,7 +98,7 @@ REWRITES: dict[str, MediaRewrite] = {"video": forward, "audio": forward, "embeds
 class MediaStage(Stage):
     name = "media"
 
-    def __init__(self, sources: MediaSources, allow_embeds: bool, video=None) -> None:
+    def __init__(self, sources: MediaSources, allow_embeds: bool, video: "VideoRewriter | None" = None) -> None:
         self.sources = sources
         self.allow_embeds = allow_embeds
         self.rewrites: dict[str, MediaRewrite] = dict(REWRITES)
@@ -109,7 +121,7 @@ class MediaStage(Stage):
             await self.video.close()
 
     async def flush(self) -> dict[str, int | None]:
-        return {"VideoL1.flush": await self.video.l1.flush()} if self.video is not None else {}
+        return await self.video.flush() if self.video is not None else {}
 
     async def resolve(self, req: "ChatRequest", part: "MediaPart") -> Source:
         try:

@@ -44,7 +44,7 @@ from ... import metrics, redis_keys
 from ...config import ImagesConfig, VideoConfig
 from ...hashing import content_hash
 from ...core.errors import BadRequest, GatewayError
-from ...core.stage import Stage
+from ...core.stage import Hooks
 from ...video_tokens import (QWEN3_VL, TimestampCounter, VideoProcessorSpec, qwen_timestamp_tokens,
                              tokenizer_counter, video_tokens)
 from ..images import policy as image_policy
@@ -95,11 +95,11 @@ def _rate_text(r: str | Fraction) -> str:
     return str(Fraction(r))
 
 
-class VideoRewriter(Stage):
-    """A ``MediaRewrite`` for the kind "video"; one per gateway process. Run by the media
-    stage, it subscribes a request with videos for ``before_send``."""
-
-    name = "video"
+class VideoRewriter(Hooks):
+    """The ``MediaRewrite`` of the kind "video" (``await rewriter(req, part, source) -> Sent``),
+    one per gateway process, owned by the media stage (which closes and flushes it). Not a
+    ``Stage``: it is called per part, not per request; it subscribes a request with videos
+    for ``before_send``."""
 
     def __init__(self, cfg: VideoConfig, images: ImagesConfig, max_video_bytes: int, redis_url: str,
                  redis_prefix: str = redis_keys.DEFAULT_PREFIX) -> None:
@@ -128,6 +128,10 @@ class VideoRewriter(Stage):
     async def close(self) -> None:
         await self.l1.close()
         self.pool.close()
+
+    async def flush(self) -> dict[str, int | None]:
+        """``POST /admin/cache/flush``: the entries L1 forgot."""
+        return {"VideoL1.flush": await self.l1.flush()}
 
     # -- settings -------------------------------------------------------------------------
     def settings(self, model: str) -> tuple[VideoSettings, str]:
