@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vlm_gateway.backends.admission import ProfileFilter
+from vlm_gateway.backends.admission import ProfileFilter, text_tokens
 from vlm_gateway.backends.backend import Backend
 from vlm_gateway.backends.launch import command_for, trtllm_options
 from vlm_gateway.backends.profiles import get_profile, load_profiles
@@ -19,9 +19,12 @@ from vlm_gateway.backends.router import get_policy, policy_names
 from vlm_gateway.backends.router.affinity import PrefixMap, prefix_keys
 from vlm_gateway.backends.router.least_loaded import load
 from vlm_gateway.backends.scrape import extract, parse
+from vlm_gateway.backends.sim.prompt import build_prompt
 from vlm_gateway.backends.stats import EngineStats
-from vlm_gateway.config import ConfigError, GatewayConfig, RoutingConfig
+from vlm_gateway.config import ConfigError, GatewayConfig, RoutingConfig, TenantConfig
 from vlm_gateway.core.request import parse_chat
+from vlm_gateway.stages.auth import TENANT
+from vlm_gateway.vision_tokens import estimate_prompt_tokens
 
 import orjson
 import yaml
@@ -325,6 +328,34 @@ def test_profile_filter_images_pixels_and_context():
     assert "above the 512 px long side" in ProfileFilter(cfg)(one, small)
     # a backend without a profile admits everything
     assert f(three, _backend("plain", None)) is None
+
+
+def test_profile_filter_takes_the_image_budget_the_image_stage_resolves():
+    """Per-model and per-tenant image keys decide the size admission checks, as they decide
+    the size the image stage rewrites to (one resolution: policy.model_settings)."""
+    cfg = GatewayConfig()
+    b = _backend("b", "h200")
+    b.profile = {**b.profile, "image_max_long_side": 0, "image_max_pixels": 1_000_000}
+    one = _req([{"role": "user", "content": [_img(), {"type": "text", "text": "what"}]}])
+    one.images[0].width, one.images[0].height = 4000, 3000
+    assert ProfileFilter(cfg)(one, b) is None                      # 768 px long side: 768x576
+    cfg.images.models = {"m": {"max_long_side": 2048}}
+    assert "exceeds the 1000000-pixel budget" in ProfileFilter(cfg)(one, b)
+    one.state[TENANT] = TenantConfig(name="t", key_sha256="ab" * 32, images={"max_long_side": 1024})
+    assert ProfileFilter(cfg)(one, b) is None                      # the tenant's 1024 px: 1024x768
+
+
+def test_text_token_estimates_are_the_simulators_counts():
+    """Admission's text estimate and the simulator's prompt count follow one rule
+    (vision_tokens: ~4 bytes a token plus Qwen3-VL's chat template)."""
+    messages = [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "what is on this screen?"}]}]
+    req = _req(messages)
+    assert text_tokens(req) == build_prompt({"messages": messages}).num_tokens == 7 + 5 + 2 + 5 + 6
+    assert build_prompt({"messages": [{"role": "user", "content": "hi"}]}).num_tokens == 13  # as vLLM counted
+    # a completions prompt: text, token ids, or a batch of either
+    assert estimate_prompt_tokens("abcdefgh") == 2 and estimate_prompt_tokens([1, 2, 3]) == 3
+    assert estimate_prompt_tokens(["abcd", [5, 6]]) == 3 and estimate_prompt_tokens(None) == 0
 
 
 def _video(url="data:video/mp4;base64,AAAA"):

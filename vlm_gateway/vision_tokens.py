@@ -1,5 +1,5 @@
-"""Qwen-VL visual token accounting: the one function the image stage, the router
-and the simulator all use.
+"""Qwen-VL prompt token accounting: the one set of rules the image stage, the router,
+admission and the simulator all use -- visual tokens exactly, text tokens estimated.
 
 Qwen2/2.5/3-VL resize every image with ``smart_resize``: both sides rounded to a
 multiple of ``factor`` (patch size x spatial merge: 16x2 = 32 for Qwen3-VL, 14x2 =
@@ -10,11 +10,18 @@ round-half-even, which the reference implementation relies on.
 
 Checked against vLLM 0.24 (``usage.prompt_tokens``): 1920x1080 -> 2040,
 768x448 -> 336, 4032x3024 -> 11844, 500x300 -> 144 (+2 markers each).
+
+Text is estimated at 4 bytes a token (``estimate_text_tokens``), plus the chat
+template's tokens around every message and after the last one (Qwen3-VL's, as vLLM
+0.24 counts them: a one-message "hi" prompt is 5 + 7 + 1 = 13). Admission's
+context check and affinity's prefix lengths estimate with these; the simulator lays
+its prompts out with the same counts, so it reports what they estimate.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 QWEN3_FACTOR = 32
 QWEN3_MIN_PIXELS = 65536
@@ -51,10 +58,28 @@ def visual_tokens(width: int, height: int, factor: int = QWEN3_FACTOR,
     return (h // factor) * (w // factor) + (MARKER_TOKENS if markers else 0)
 
 
+# Qwen3-VL's chat template: "<|im_start|>{role}\n" (3) and "<|im_end|>\n" (2) around every
+# message, "<|im_start|>assistant\n<think>\n\n</think>\n\n" (7) after the last one
+TEMPLATE_TOKENS_PER_MESSAGE = 5
+TEMPLATE_TOKENS_PER_REQUEST = 7
+
+
 def estimate_text_tokens(text: str | bytes) -> int:
     """Cheap text-token estimate (about 4 bytes a token) for routing and the simulator."""
     n = len(text.encode("utf-8")) if isinstance(text, str) else len(text)
     return (n + 3) // 4
+
+
+def estimate_prompt_tokens(prompt: Any) -> int:
+    """Tokens of a /v1/completions ``prompt``: a string, token ids, or a list of prompts
+    (a batch: the sum); anything else counts 0."""
+    if isinstance(prompt, (str, bytes)):
+        return estimate_text_tokens(prompt)
+    if isinstance(prompt, int) and not isinstance(prompt, bool):
+        return 1
+    if isinstance(prompt, list):
+        return sum(estimate_prompt_tokens(p) for p in prompt)
+    return 0
 
 
 def target_size(width: int, height: int, max_long_side: int, factor: int = QWEN3_FACTOR,

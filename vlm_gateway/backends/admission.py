@@ -6,12 +6,14 @@ the backend's GPU profile:
 - number of images <= ``max_images_per_prompt``, of videos <= ``max_videos_per_prompt``
   (the engine is started with these limits: ``vlm-gateway launch``);
 - every image, at the size the image stage will rewrite it to for this backend
-  (long side min(images budget, profile ``image_max_long_side``), snapped to the
-  token grid by ``vision_tokens.target_size``), within ``image_max_pixels``;
+  (long side min(images budget, profile ``image_max_long_side``), the budget as the
+  image policy resolves it for the model and tenant (``policy.model_settings``),
+  snapped to the token grid by ``vision_tokens.target_size``), within ``image_max_pixels``;
   sizes come from the image headers the image stage read before routing, and an
   image of unknown size (no image stage) is not checked;
-- estimated prompt tokens (text ~4 bytes a token + visual tokens after rewrite, a
-  rewritten video's count included) + ``max_tokens`` <= ``max_model_len``.
+- estimated prompt tokens (text ~4 bytes a token and the chat template's tokens,
+  ``vision_tokens``; visual tokens after rewrite, a rewritten video's count included)
+  + ``max_tokens`` <= ``max_model_len``.
 
 ``Slots`` is the bounded admission queue: a request whose candidates are all at
 their profile's ``max_num_seqs`` waits (FIFO wake-up) up to
@@ -30,7 +32,10 @@ from .. import metrics
 from ..core.clock import Clock, monotonic
 from ..core.errors import RateLimited
 from ..core.state import Slot
-from ..vision_tokens import MARKER_TOKENS, estimate_text_tokens, target_size, visual_tokens
+from ..stages.auth import TENANT
+from ..stages.images.policy import model_settings
+from ..vision_tokens import (MARKER_TOKENS, TEMPLATE_TOKENS_PER_MESSAGE, TEMPLATE_TOKENS_PER_REQUEST,
+                             estimate_prompt_tokens, estimate_text_tokens, target_size, visual_tokens)
 
 if TYPE_CHECKING:
     from ..config import GatewayConfig
@@ -43,16 +48,16 @@ TEXT_TOKENS: Slot[int] = Slot("est_text_tokens")
 
 
 def text_tokens(req: "ChatRequest") -> int:
-    """Estimated text tokens of the prompt (chat template markers included); cached."""
+    """Estimated text tokens of the prompt (chat template included); cached."""
     cached = req.state.get(TEXT_TOKENS)
     if cached is not None:
         return cached
-    n = 0
     if req.route == "chat":
+        n = TEMPLATE_TOKENS_PER_REQUEST
         for msg in req.body.get("messages") or ():
             if not isinstance(msg, dict):
                 continue
-            n += 4
+            n += TEMPLATE_TOKENS_PER_MESSAGE
             c = msg.get("content")
             if isinstance(c, str):
                 n += estimate_text_tokens(c)
@@ -61,9 +66,7 @@ def text_tokens(req: "ChatRequest") -> int:
                     if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str):
                         n += estimate_text_tokens(p["text"])
     else:
-        p = req.body.get("prompt")
-        n = estimate_text_tokens(p) if isinstance(p, str) else sum(
-            estimate_text_tokens(x) for x in p if isinstance(x, str)) if isinstance(p, list) else 0
+        n = estimate_prompt_tokens(req.body.get("prompt"))
     req.state[TEXT_TOKENS] = n
     return n
 
@@ -77,12 +80,12 @@ class ProfileFilter:
     def __init__(self, cfg: "GatewayConfig") -> None:
         self.images = cfg.images
 
-    def _budget(self, model: str) -> tuple[int, int, int, int]:
-        """(max_long_side, grid factor, min_pixels, max_pixels) of the image stage for ``model``."""
-        im = self.images
-        o = im.models.get(model, {}) if isinstance(im.models, dict) else {}
-        return (int(o.get("max_long_side", im.max_long_side)), int(o.get("grid_factor", im.grid_factor)),
-                int(o.get("min_pixels", im.min_pixels)), int(o.get("max_pixels", im.max_pixels)))
+    def _budget(self, req: "ChatRequest") -> tuple[int, int, int, int]:
+        """(max_long_side, grid factor, min_pixels, max_pixels) of the image stage for the
+        request's model and tenant."""
+        tenant = req.state.get(TENANT)
+        s = model_settings(self.images, req.model, getattr(tenant, "images", None) or None)
+        return int(s["max_long_side"]), int(s["grid_factor"]), int(s["min_pixels"]), int(s["max_pixels"])
 
     def __call__(self, req: "ChatRequest", b: "Backend") -> str | None:
         p = b.profile
@@ -97,7 +100,7 @@ class ProfileFilter:
         if len(videos) > max_videos:
             return (f"{len(videos)} video{'s' if len(videos) != 1 else ''} exceed the {max_videos}-video limit of "
                     f"backend {b.name} ({p.get('name', 'profile')})")
-        long_side, factor, min_px, max_px = self._budget(req.model)
+        long_side, factor, min_px, max_px = self._budget(req)
         prof_long = int(p.get("image_max_long_side") or 0)
         prof_px = int(p.get("image_max_pixels") or 0)
         rewrite = self.images.enabled

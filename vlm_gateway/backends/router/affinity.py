@@ -10,8 +10,8 @@ content part (and every plain-string message):
 
 so the key after the last part of turn n is also a prefix key of turn n+1 (same
 leading messages + the assistant reply + the new user turn). ``tokens_j`` is the
-estimated prompt length up to k_j (text ~ 4 bytes a token, images by their
-visual tokens). A bounded LRU map with TTL remembers, per key, the backend that
+estimated prompt length up to k_j (text and chat template as ``vision_tokens``
+estimates them, as admission does; images by their visual tokens). A bounded LRU map with TTL remembers, per key, the backend that
 last served a request containing it (``served`` hook, called after a send).
 
     match      = longest k_j in the map whose backend is a candidate
@@ -52,7 +52,8 @@ from ...core.state import Slot
 from ...hashing import content_digest, hasher
 from ...core.clock import Clock, monotonic
 from ...lru import LRU
-from ...vision_tokens import MARKER_TOKENS, estimate_text_tokens, visual_tokens
+from ...vision_tokens import (MARKER_TOKENS, TEMPLATE_TOKENS_PER_MESSAGE, estimate_prompt_tokens,
+                              estimate_text_tokens, visual_tokens)
 from . import register
 from .least_loaded import DEFAULT_CAPACITY, LeastLoaded, load
 
@@ -63,6 +64,9 @@ MAX_KEYS_PER_REQUEST = 64
 
 
 def _image_tokens(img) -> int:
+    # Routing comes before the image stage's rewrite for the chosen backend, so an image
+    # weighs its source size here: a weight for the matched fraction, not a context check
+    # (admission checks the size the model's image budget gives, policy.model_settings).
     if img is None:
         return UNKNOWN_IMAGE_TOKENS
     if img.tokens_after:
@@ -105,7 +109,7 @@ def prefix_keys(req, include_images: bool = True) -> tuple[list[tuple[bytes, int
         prompt = req.body.get("prompt")
         text = prompt if isinstance(prompt, str) else orjson.dumps(prompt)
         h.update(text.encode() if isinstance(text, str) else text)
-        tokens = estimate_text_tokens(text)
+        tokens = estimate_prompt_tokens(prompt)
         keys.append((h.digest(), tokens))
         result = (keys, tokens)
         req.state[slot] = result
@@ -119,7 +123,7 @@ def prefix_keys(req, include_images: bool = True) -> tuple[list[tuple[bytes, int
         if root is None and keys and mi and _is_user(req.body["messages"][mi - 1]):
             root = keys[-1][0]
         h.update(b"\x00" + str(msg.get("role")).encode() + b"\x01")
-        tokens += 4  # chat-template markers around a message
+        tokens += TEMPLATE_TOKENS_PER_MESSAGE
         extra = {k: v for k, v in msg.items() if k not in ("role", "content")}
         if extra:
             h.update(orjson.dumps(extra, option=orjson.OPT_SORT_KEYS))

@@ -6,7 +6,9 @@ message text and images. Text counts ``ceil(bytes / 4)`` tokens (token ``j`` of 
 text segment stands for bytes ``4j..4j+4``); an image counts its Qwen3-VL visual
 tokens from the real size in its header plus the two vision markers. The
 template overhead (7 tokens a request + 5 a message) makes a one-message "hi"
-prompt 13 tokens, as the measured vLLM reported.
+prompt 13 tokens, as the measured vLLM reported. These are the gateway's own
+estimates (vision_tokens.py), laid out exactly here: the simulator needs the bytes
+behind every token for its block hashes, the gateway only the counts.
 
 Block hashes follow vLLM's scheme: block ``i`` hashes its parent's hash together
 with its content, and the content of a block that covers image tokens includes
@@ -30,11 +32,10 @@ from dataclasses import dataclass, field
 
 from PIL import Image, UnidentifiedImageError
 
-from ...vision_tokens import estimate_text_tokens, visual_tokens
+from ...vision_tokens import (TEMPLATE_TOKENS_PER_MESSAGE, TEMPLATE_TOKENS_PER_REQUEST, estimate_text_tokens,
+                              visual_tokens)
 
 BLOCK_SIZE = 16
-TEMPLATE_TOKENS_PER_REQUEST = 7
-TEMPLATE_TOKENS_PER_MESSAGE = 5
 
 
 class PromptError(ValueError):
@@ -198,6 +199,8 @@ def build_prompt(body: dict, fetched: dict[str, bytes] | None = None) -> PromptS
     if msgs is None:
         prompt = body.get("prompt", "")
         if isinstance(prompt, list):
+            # one prompt here (the simulator answers one choice); the gateway's estimate
+            # (vision_tokens.estimate_prompt_tokens) sums a list as the batch it is
             prompt = " ".join(p for p in prompt if isinstance(p, str))
         lay.text(str(prompt).encode())
         return lay.spec()
