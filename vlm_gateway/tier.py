@@ -10,8 +10,9 @@ videos) and L3 (answers) are each one ``Tier`` and a codec.
     codec    pack: V -> bytes, unpack: bytes -> V; a blob unpack refuses (another
              version, truncated, expired: any of DECODE_ERRORS) is a miss
     trouble  a Redis call that fails or outlasts timeout_s (all of it: connection,
-             command, reply) is a miss or an unwritten entry and starts the back-off,
-             during which Redis is not asked: never an error, never a wait
+             command, reply; the client's one-time making up to MAKE_S) is a miss or an
+             unwritten entry and starts the back-off, during which Redis is not asked:
+             never an error, never a wait
     flush    clears both: this process's map and every key under the prefix (SCAN)
 
 Metrics are the caller's (it names the level); the tier counts Redis failures in its
@@ -34,6 +35,10 @@ V = TypeVar("V")
 # what unpacking a foreign or damaged blob raises (orjson's JSONDecodeError is a ValueError)
 DECODE_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, KeyError, IndexError, struct.error)
 FALLBACK = "using the in-process tier only"
+# The client's one-time making (the server's mode, a cluster's slot map and first
+# connections; redis_clients.py) is given this much, not a lookup's budget: it happens
+# once per process, usually at startup, and a cluster's takes longer than one lookup.
+MAKE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +151,9 @@ class Tier(Generic[V]):
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         try:
+            if self.redis.cluster is None:   # not made yet
+                async with asyncio.timeout(max(self.timeout_s, MAKE_S)):
+                    await self.redis.resolve()
             async with asyncio.timeout(self.timeout_s):
                 return await fn(*args, **kw)
         except asyncio.CancelledError:
