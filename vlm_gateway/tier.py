@@ -8,11 +8,12 @@ videos) and L3 (answers) are each one ``Tier`` and a codec.
     local    bounded by max_bytes (sum of size(v); 0 holds nothing); an entry lives in
              it for lifetime(v) seconds when given, else until evicted
     codec    pack: V -> bytes, unpack: bytes -> V; a blob unpack refuses (another
-             version, truncated, expired: any of DECODE_ERRORS) is a miss
+             version, truncated: any of DECODE_ERRORS) is a miss, as is one whose
+             lifetime is over
     trouble  a Redis call that fails or outlasts timeout_s (all of it: connection,
              command, reply; the client's one-time making up to MAKE_S) is a miss or an
-             unwritten entry and starts the back-off, during which Redis is not asked:
-             never an error, never a wait
+             unwritten entry and starts the back-off, during which Redis is not asked
+             (no wait at all): never an error
     flush    clears both: this process's map and every key under the prefix (SCAN)
 
 Metrics are the caller's (it names the level); the tier counts Redis failures in its
