@@ -89,8 +89,8 @@ async def _stage_bench(redis_url: str, n: int) -> dict:
         if label == "redis only" and not redis_url:
             continue
         cache = ResponseCache(cfg.cache, cfg.redis_url, cfg.redis_prefix)
-        if cache.store.remote is not None:
-            await cache.store.remote.flush()
+        if cache.store.shared:
+            await cache.store.flush()
         stored = make_req(body("What is the total on this receipt?"))
         await cache(stored)
         await cache.on_complete(stored, COMPLETION)

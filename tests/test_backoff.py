@@ -4,7 +4,7 @@ one warning per outage), on a hand-moved clock; and every Redis tier uses it."""
 import logging
 
 from vlm_gateway.backoff import Backoff
-from vlm_gateway.stages.cache.store import RedisStore
+from vlm_gateway.stages.cache.store import TieredStore
 from vlm_gateway.stages.images.l1 import L1Cache
 from vlm_gateway.stages.ratelimit.buckets import RedisStore as BucketStore
 from vlm_gateway.stages.video.l1 import VideoL1
@@ -34,5 +34,5 @@ def test_every_redis_tier_has_the_back_off():
     url = "redis://127.0.0.1:9/0"   # never connected here
     assert isinstance(L1Cache(1 << 20, url).backoff, Backoff)
     assert isinstance(VideoL1(1 << 20, url).backoff, Backoff)
-    assert isinstance(RedisStore(url, 0.05).backoff, Backoff)
+    assert isinstance(TieredStore(1 << 20, 60, 1 << 20, url).backoff, Backoff)
     assert isinstance(BucketStore(url).backoff, Backoff)

@@ -12,7 +12,7 @@ from vlm_gateway.stages.cache import guard
 from vlm_gateway.stages.cache.keys import build_keys
 from vlm_gateway.stages.cache.normalize import normalize_question
 from vlm_gateway.stages.cache.policy import decide, storable
-from vlm_gateway.stages.cache.store import LocalStore, TieredStore
+from vlm_gateway.stages.cache.store import TieredStore
 from vlm_gateway.core.request import parse_chat
 
 
@@ -184,21 +184,21 @@ def test_only_complete_answers_are_storable():
 
 
 def test_local_store_is_bounded_by_bytes_and_ttl():
-    s = LocalStore(max_bytes=1000)
+    s = TieredStore(max_bytes=1000, ttl_s=60, max_entry_bytes=10_000)
     for i in range(10):
-        s.put(f"k{i}", {"i": i}, 300, time.time() + 60)
+        s.put_local(f"k{i}", {"i": i}, b"v" * 300, time.time() + 60)
     assert len(s) == 3 and s.bytes <= 1000
-    assert s.get("k9") == {"i": 9} and s.get("k0") is None
-    s.get("k7")  # touched: k8 is now the oldest
-    s.put("k10", {"i": 10}, 300, time.time() + 60)
-    assert s.get("k8") is None and s.get("k7") is not None
-    s.put("old", {"x": 1}, 10, time.time() - 1)
-    assert s.get("old") is None
-    s.put("huge", {"x": 1}, 5000, time.time() + 60)
-    assert s.get("huge") is None
+    assert s.get_local("k9") == {"i": 9} and s.get_local("k0") is None
+    s.get_local("k7")  # touched: k8 is now the oldest
+    s.put_local("k10", {"i": 10}, b"v" * 300, time.time() + 60)
+    assert s.get_local("k8") is None and s.get_local("k7") is not None
+    s.put_local("old", {"x": 1}, b"v" * 10, time.time() - 1)
+    assert s.get_local("old") is None
+    s.put_local("huge", {"x": 1}, b"v" * 5000, time.time() + 60)
+    assert s.get_local("huge") is None
 
 
 def test_entry_size_cap():
-    t = TieredStore(LocalStore(10_000), None, 60, max_entry_bytes=200)
+    t = TieredStore(10_000, 60, max_entry_bytes=200)
     assert t.encode({"c": "x" * 10}) is not None
     assert t.encode({"c": "x" * 500}) is None

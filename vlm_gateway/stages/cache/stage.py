@@ -20,7 +20,7 @@ from ...core.stage import Reply, Stage
 from ...core.state import Slot
 from .keys import CacheKeys, build_keys
 from .policy import decide, storable
-from .store import LocalStore, RedisStore, TieredStore
+from .store import TieredStore
 
 log = logging.getLogger("vlm_gateway.cache")
 
@@ -36,10 +36,8 @@ class ResponseCache(Stage):
 
     def __init__(self, cfg: CacheConfig, redis_url: str, redis_prefix: str) -> None:
         self.cfg = cfg
-        remote = RedisStore(redis_url, cfg.redis_timeout_s, cfg.redis_retry_s,
-                            redis_keys.namespace(redis_prefix, redis_keys.L3_ANSWERS)) \
-            if redis_url else None
-        self.store = TieredStore(LocalStore(cfg.max_bytes), remote, cfg.ttl_s, cfg.max_entry_bytes)
+        self.store = TieredStore(cfg.max_bytes, cfg.ttl_s, cfg.max_entry_bytes, redis_url, cfg.redis_timeout_s,
+                                 cfg.redis_retry_s, redis_keys.namespace(redis_prefix, redis_keys.L3_ANSWERS))
         self.semantic = None  # SemanticCache once the model is loaded (start)
         self._tasks: set[asyncio.Task] = set()
         self.redis_url = redis_url
@@ -75,8 +73,7 @@ class ResponseCache(Stage):
             t.cancel()
         if self.semantic is not None:
             await self.semantic.close()
-        if self.store.remote is not None:
-            await self.store.remote.close()
+        await self.store.close()
 
     async def flush(self) -> dict[str, int | None]:
         return {"ResponseCache.flush": await self.flush_entries()}
@@ -84,13 +81,10 @@ class ResponseCache(Stage):
     async def flush_entries(self) -> int:
         """Admin flush: this replica's entries and, with Redis, the shared ones (other
         replicas keep their in-process copies until they expire)."""
-        n = len(self.store.local)
-        self.store.local = LocalStore(self.cfg.max_bytes)
+        n = await self.store.flush()
         if self.semantic is not None:
             sem = self.semantic
             n += await asyncio.get_running_loop().run_in_executor(sem.pool, sem.clear)
-        if self.store.remote is not None:
-            n += await self.store.remote.flush()
         return n
 
     # -- lookup --------------------------------------------------------------------------
@@ -161,14 +155,14 @@ class ResponseCache(Stage):
         normalized = keys.normalized if self.cfg.normalized else ""
         if normalized:
             self.store.put_local(normalized, completion, value, expires)
-        metrics.CACHE_ENTRIES.labels("l3_local").set(len(self.store.local))
-        if self.store.remote is None and (self.semantic is None or not keys.normalized_question):
+        metrics.CACHE_ENTRIES.labels("l3_local").set(len(self.store))
+        if not self.store.shared and (self.semantic is None or not keys.normalized_question):
             return
         self._spawn(self._store_background(keys, normalized, value, expires, req.state.get(VECTOR)))
 
     async def _store_background(self, keys: CacheKeys, normalized: str, value: bytes, expires: float,
                                 vec) -> None:
-        if self.store.remote is not None:
+        if self.store.shared:
             await self.store.put_remote(keys.exact, value)
             if normalized:
                 await self.store.put_remote(normalized, value)

@@ -1,156 +1,109 @@
-"""Where cached completions live.
+"""Where cached completions live: one ``Tier`` (``tier.py``) of ``Answer``s.
 
-``LocalStore``: in-process, in the one bounded map (``lru.py``), by bytes, with a TTL per entry.
-``RedisStore``: shared by every replica; each call is bounded by a timeout and a
-failure or timeout counts as a miss and starts the back-off (``backoff.py``:
-Redis is skipped for ``retry_s``, so a down Redis costs one timeout per interval,
-not one per request).
-``TieredStore``: local first, then Redis (a Redis hit is copied into the local
-LRU with its remaining lifetime); writes go to both.
-
-Values are ``{"e": expires_at_epoch, "c": completion}`` encoded with orjson.
+    local   in process, bounded by bytes; each entry until its wall-clock expiry (an
+            epoch time, the one stored in Redis: a Redis hit is held here for what is
+            left of its lifetime, and an expired one is a miss)
+    Redis   shared by every replica, SET with EX ttl_s; each call bounded by the
+            timeout, no client-side retries; a failure or timeout is a miss and starts
+            the back-off (Redis is skipped for retry_s, so a down Redis costs one
+            timeout per interval, not one per request)
+    value   ``{"e": expires_at_epoch, "c": completion}`` encoded with orjson, once per
+            answer (``encode``), stored under its exact and its normalised key
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from ...backoff import Backoff
-from ...lru import LRU
-
-log = logging.getLogger("vlm_gateway.cache")
+from ...backoff import RETRY_S, Backoff
+from ...tier import Codec, Tier
 
 
-class LocalStore:
-    """Completions by key in the one bounded map (``lru.py``), by bytes; each entry until
-    its wall-clock expiry (shared with Redis, so an epoch time)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._d: LRU[str, tuple[int, dict]] = LRU(max_bytes=max(1, max_bytes), size=lambda v: v[0], clock=time.time)
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    @property
-    def bytes(self) -> int:
-        return self._d.bytes
-
-    def get(self, key: str) -> dict | None:
-        item = self._d.get(key)
-        return item[1] if item is not None else None
-
-    def put(self, key: str, completion: dict, size: int, expires: float) -> None:
-        ttl = expires - time.time()
-        if ttl <= 0:
-            self._d.pop(key)
-            return
-        self._d.put(key, (size, completion), ttl_s=ttl)
+@dataclass(frozen=True, slots=True)
+class Answer:
+    completion: dict
+    expires: float   # epoch seconds
+    size: int        # bytes of its stored value
 
 
-class RedisStore:
-    def __init__(self, url: str, timeout_s: float, retry_s: float = 1.0, prefix: str = "vlmgw:l3:") -> None:
-        """``prefix``: the L3 namespace (``redis_keys.namespace(redis_prefix, L3_ANSWERS)``)."""
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
+def pack(a: Answer) -> bytes:
+    return orjson.dumps({"e": a.expires, "c": a.completion})
 
-        from ...redis_clients import async_client
-        self.timeout = timeout_s
-        self.retry_s = retry_s
-        self.prefix = prefix
-        # No client-side retries: the timeout is the whole budget of a lookup.
-        self.client = async_client(url, timeout_s, retry=Retry(NoBackoff(), 0), health_check_interval=0)
-        self.backoff = Backoff("L3 cache", retry_s)
 
-    @property
-    def available(self) -> bool:
-        return self.backoff.up()
+def unpack(blob: bytes) -> Answer:
+    obj = orjson.loads(blob)
+    return Answer(obj["c"], float(obj["e"]), len(blob))
 
-    @property
-    def failures(self) -> int:
-        return self.backoff.failures
 
-    def _failed(self, what: str, e: BaseException) -> None:
-        self.backoff.failed(e, f"treating {what}s as misses")
+CODEC: Codec[Answer] = Codec(pack, unpack)
 
-    async def _call(self, what: str, coro) -> Any:
-        try:
-            return await asyncio.wait_for(coro, self.timeout)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # timeout, connection refused/reset, protocol error
-            self._failed(what, e)
-            return None
 
-    async def get(self, key: str) -> tuple[dict, float] | None:
-        if not self.available:
-            return None
-        raw = await self._call("get", self.client.get(self.prefix + key))
-        if not raw:
-            return None
-        try:
-            obj = orjson.loads(raw)
-            return obj["c"], float(obj["e"])
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            return None
-
-    async def put(self, key: str, value: bytes, ttl_s: int) -> bool:
-        if not self.available:
-            return False
-        return bool(await self._call("set", self.client.set(self.prefix + key, value, ex=max(1, ttl_s))))
-
-    async def flush(self) -> int:
-        """Delete every key under the prefix (SCAN, never KEYS: Redis stays responsive)."""
-        from ...redis_clients import delete_matching
-        try:
-            return await delete_matching(self.client, self.prefix + "*")
-        except Exception as e:
-            self._failed("flush", e)
-            return 0
-
-    async def close(self) -> None:
-        try:
-            await self.client.aclose()
-        except Exception:  # pragma: no cover - best effort
-            pass
+def _lifetime(a: Answer) -> float:
+    return a.expires - time.time()
 
 
 class TieredStore:
-    def __init__(self, local: LocalStore, remote: RedisStore | None, ttl_s: int, max_entry_bytes: int) -> None:
-        self.local = local
-        self.remote = remote
+    def __init__(self, max_bytes: int, ttl_s: int, max_entry_bytes: int, redis_url: str = "",
+                 timeout_s: float = 0.05, retry_s: float = RETRY_S, prefix: str = "vlmgw:l3:") -> None:
+        """``prefix``: the L3 namespace (``redis_keys.namespace(redis_prefix, L3_ANSWERS)``)."""
+        client_kw: dict[str, Any] = {}
+        if redis_url:
+            from redis.asyncio.retry import Retry
+            from redis.backoff import NoBackoff
+            # No client-side retries: the timeout is the whole budget of a lookup.
+            client_kw = {"retry": Retry(NoBackoff(), 0), "health_check_interval": 0}
+        self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self.max_entry_bytes = max_entry_bytes
+        self.tier: Tier[Answer] = Tier("L3 cache", CODEC, max_bytes, lambda a: a.size, redis_url=redis_url,
+                                       prefix=prefix, ttl_s=ttl_s, timeout_s=timeout_s, retry_s=retry_s,
+                                       lifetime=_lifetime, clock=time.time, **client_kw)
+
+    def __len__(self) -> int:
+        return len(self.tier)
+
+    @property
+    def bytes(self) -> int:
+        return self.tier.bytes
+
+    @property
+    def backoff(self) -> Backoff:
+        return self.tier.backoff
+
+    @property
+    def shared(self) -> bool:
+        return self.tier.shared
+
+    def get_local(self, key: str) -> dict | None:
+        a = self.tier.get_local(key)
+        return a.completion if a is not None else None
 
     async def get(self, key: str) -> dict | None:
-        c = self.local.get(key)
-        if c is not None or self.remote is None:
-            return c
-        got = await self.remote.get(key)
-        if got is None:
-            return None
-        completion, expires = got
-        if expires <= time.time():
-            return None
-        self.local.put(key, completion, len(orjson.dumps(completion)), expires)
-        return completion
+        a = await self.tier.get(key)
+        return a.completion if a is not None else None
 
     def encode(self, completion: dict) -> tuple[bytes, float] | None:
         """The stored value, or None when it is over the entry size cap."""
         expires = time.time() + self.ttl_s
-        value = orjson.dumps({"e": expires, "c": completion})
+        value = pack(Answer(completion, expires, 0))
         if len(value) > self.max_entry_bytes:
             return None
         return value, expires
 
     def put_local(self, key: str, completion: dict, value: bytes, expires: float) -> None:
-        self.local.put(key, completion, len(value), expires)
+        self.tier.put_local(key, Answer(completion, expires, len(value)))
 
     async def put_remote(self, key: str, value: bytes) -> None:
-        if self.remote is not None:
-            await self.remote.put(key, value, self.ttl_s)
+        await self.tier.put_shared(key, value)
+
+    async def flush(self) -> int:
+        """Every entry, this process's and the shared ones (other replicas keep their
+        in-process copies until they expire); the number dropped."""
+        return await self.tier.flush()
+
+    async def close(self) -> None:
+        await self.tier.close()

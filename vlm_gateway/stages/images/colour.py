@@ -27,10 +27,11 @@ import hashlib
 import io
 import struct
 import threading
-from collections import OrderedDict
 
 import numpy as np
 from PIL import Image, ImageCms
+
+from ...lru import LRU
 
 _SRGB = ImageCms.createProfile("sRGB")
 _D65 = (0.3127, 0.3290)
@@ -217,8 +218,9 @@ _TEST_RGB = Image.frombytes("RGB", (16, 1), bytes([
     128, 128, 128, 64, 64, 64, 192, 192, 192, 200, 60, 30, 30, 160, 90, 40, 80, 200, 230, 200, 150, 90, 40, 140]))
 _TEST_L = Image.frombytes("L", (16, 1), bytes(range(0, 256, 17)))
 _lock = threading.Lock()
-_cache: OrderedDict[tuple[bytes, str], tuple[ImageCms.ImageCmsTransform | None, str]] = OrderedDict()
 _CACHE_ENTRIES = 64
+# decode threads share it: every access holds _lock
+_cache: LRU[tuple[bytes, str], tuple[ImageCms.ImageCmsTransform | None, str]] = LRU(max_entries=_CACHE_ENTRIES)
 _SPACES = {"RGB": b"RGB ", "RGBA": b"RGB ", "CMYK": b"CMYK", "L": b"GRAY"}
 
 
@@ -246,14 +248,11 @@ def icc_transform(icc: bytes, mode: str) -> tuple[ImageCms.ImageCmsTransform | N
     key = (hashlib.blake2b(icc, digest_size=16).digest(), mode)
     with _lock:
         hit = _cache.get(key)
-        if hit is not None:
-            _cache.move_to_end(key)
-            return hit
+    if hit is not None:
+        return hit
     value = _build(icc, mode)
     with _lock:
-        _cache[key] = value
-        while len(_cache) > _CACHE_ENTRIES:
-            _cache.popitem(last=False)
+        _cache.put(key, value)
     return value
 
 

@@ -1,19 +1,18 @@
-"""L1 rewritten-image cache: in-process LRU bounded by bytes, plus an optional
-Redis tier shared by replicas (with a TTL). Key = content hash + policy key;
-value = the rewritten image and its sizes/token counts. Redis trouble never
-fails a request: it only costs a miss, and starts the back-off (``backoff.py``)."""
+"""L1 rewritten-image cache: one ``Tier`` (``tier.py``: in-process LRU bounded by
+bytes, plus an optional Redis tier shared by replicas, with a TTL). Key = content
+hash + policy key; value = the rewritten image and its sizes/token counts, stored
+in Redis as ``pack``: a 4-byte length, the metadata as JSON, the image bytes. Redis
+trouble never fails a request: it only costs a miss, and starts the back-off."""
 
 from __future__ import annotations
 
 import logging
 import struct
-from collections import OrderedDict
 
 import orjson
 
 from ... import metrics, redis_keys
-from ...backoff import Backoff
-from ...redis_clients import delete_matching
+from ...tier import Codec, Tier
 from .budget import Budget
 from .encode import data_uri
 from .rewrite import Rewritten
@@ -45,86 +44,46 @@ def unpack(blob: bytes) -> Rewritten:
                      conversions=conversions, budget=budget)
 
 
+CODEC: Codec[Rewritten] = Codec(pack, unpack)
+
+
 class L1Cache:
+    """The rewritten-image ``Tier`` (``tier.py``), counted under the ``l1`` level."""
+
     def __init__(self, max_bytes: int, redis_url: str = "", ttl_s: int = 3600, timeout_s: float = 0.05,
                  redis_prefix: str = redis_keys.DEFAULT_PREFIX) -> None:
         self.max_bytes = max_bytes
-        self.prefix = redis_keys.namespace(redis_prefix, redis_keys.L1_IMAGES)
-        self.ttl_s = ttl_s
-        self.timeout_s = timeout_s
-        self.bytes = 0
-        self._lru: OrderedDict[str, Rewritten] = OrderedDict()
-        self._redis = None
-        self.backoff = Backoff("L1 image cache")
-        if redis_url:
-            from ...redis_clients import async_client
-            self._redis = async_client(redis_url, timeout_s)
+        self.tier: Tier[Rewritten] = Tier("L1 image cache", CODEC, max_bytes, _size, redis_url=redis_url,
+                                          prefix=redis_keys.namespace(redis_prefix, redis_keys.L1_IMAGES),
+                                          ttl_s=ttl_s, timeout_s=timeout_s)
+        self.backoff = self.tier.backoff
+        self.get_local = self.tier.local.get   # bound once: the hit path is one call
+        self.put_local = self.tier.put_local
+        self._lookups = metrics.CACHE_LOOKUPS.labels("l1")
+        self._hits = metrics.CACHE_HITS.labels("l1")
 
     def __len__(self) -> int:
-        return len(self._lru)
+        return len(self.tier)
 
-    def get_local(self, key: str) -> Rewritten | None:
-        r = self._lru.get(key)
-        if r is not None:
-            self._lru.move_to_end(key)
-        return r
-
-    def put_local(self, key: str, r: Rewritten) -> None:
-        size = _size(r)
-        if size > self.max_bytes:
-            return
-        old = self._lru.pop(key, None)
-        if old is not None:
-            self.bytes -= _size(old)
-        self._lru[key] = r
-        self.bytes += size
-        while self.bytes > self.max_bytes and self._lru:
-            _, ev = self._lru.popitem(last=False)
-            self.bytes -= _size(ev)
+    @property
+    def bytes(self) -> int:
+        return self.tier.bytes
 
     async def get(self, key: str) -> Rewritten | None:
-        metrics.CACHE_LOOKUPS.labels("l1").inc()
+        self._lookups.inc()
         r = self.get_local(key)
-        if r is None and self._redis is not None and self.backoff.up():
-            try:
-                blob = await self._redis.get(self.prefix + key)
-            except Exception as e:  # noqa: BLE001 - a miss, never an error
-                self._warn(e)
-                blob = None
-            if blob:
-                try:
-                    r = unpack(blob)
-                except (ValueError, struct.error):
-                    r = None
-                if r is not None:
-                    self.put_local(key, r)
+        if r is None:  # the local half inline: a hit costs no coroutine
+            r = await self.tier.get_shared(key)
         if r is not None:
-            metrics.CACHE_HITS.labels("l1").inc()
+            self._hits.inc()
         return r
 
     async def put(self, key: str, r: Rewritten) -> None:
-        self.put_local(key, r)
-        if self._redis is not None and self.backoff.up():
-            try:
-                await self._redis.set(self.prefix + key, pack(r), ex=self.ttl_s)
-            except Exception as e:  # noqa: BLE001
-                self._warn(e)
+        await self.tier.put(key, r)
 
     async def flush(self) -> int:
         """Drop every rewritten image (this process, and the shared Redis tier)."""
-        n = len(self._lru)
-        self._lru.clear()
-        self.bytes = 0
-        if self._redis is not None:
-            try:
-                n += await delete_matching(self._redis, self.prefix + "*")
-            except Exception as e:  # noqa: BLE001 - the local tier is flushed regardless
-                self._warn(e)
-        return n
-
-    def _warn(self, e: Exception) -> None:
-        self.backoff.failed(e, "using the in-process tier only")
+        return await self.tier.flush()
 
     async def close(self) -> None:
-        if self._redis is not None:
-            await self._redis.aclose()
+        await self.tier.close()

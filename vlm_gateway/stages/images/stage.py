@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -30,6 +29,7 @@ from ...config import GatewayConfig, ImagesConfig, SloConfig
 from ...core.errors import BadRequest, GatewayError, Unavailable
 from ...core.stage import Stage
 from ...core.state import Slot
+from ...lru import LRU
 from ..auth import TENANT
 from ..grounding import plan as grounding
 from .decode import ImageError, probe
@@ -88,7 +88,7 @@ class ImageRewriter(Stage):
         self.fetcher = self.sources.fetcher
         self.l1 = L1Cache(cfg.l1_max_bytes, redis_url, cfg.l1_redis_ttl_s, redis_prefix=redis_prefix)
         # content hash|policy of data: images verified within budget (pass through without a new decode)
-        self.verified: OrderedDict[str, Rewritten] = OrderedDict()
+        self.verified: LRU[str, Rewritten] = LRU(max_entries=_VERIFIED_ENTRIES)
 
     @classmethod
     def from_config(cls, cfg: GatewayConfig, shared) -> "ImageRewriter":
@@ -148,9 +148,9 @@ class ImageRewriter(Stage):
             return Rewritten(None, b"", "", 0, 0, 0, 0, 0, 0, 0), "url_passthrough"
         assert header is not None
         key = f"{src.hash}|{policy.key}"
-        if src.kind == "data" and key in self.verified:  # verified before: the original string goes
-            self.verified.move_to_end(key)
-            return replace(self.verified[key], data=src.data or b""), "passthrough"
+        verdict = self.verified.get(key) if src.kind == "data" else None
+        if verdict is not None:  # verified before: the original string goes
+            return replace(verdict, data=src.data or b""), "passthrough"
         hit = await self.l1.get(key)
         if hit is not None:
             if src.kind == "data" and hit.data == src.data:  # a fetched URL's inline copy of these bytes
@@ -176,9 +176,7 @@ class ImageRewriter(Stage):
                 r = replace(r, url=data_uri(data, r.mime))
                 outcome = "passthrough"
             elif r.passthrough:  # the original string is sent; remember only the verdict
-                self.verified[key] = replace(r, data=b"")
-                while len(self.verified) > _VERIFIED_ENTRIES:
-                    self.verified.popitem(last=False)
+                self.verified.put(key, replace(r, data=b""))
                 return r, "passthrough"
             else:
                 metrics.REWRITE_SECONDS.observe(r.seconds)

@@ -1,8 +1,8 @@
-"""L1 cache of rewritten videos: in-process LRU bounded by bytes, plus an optional
-Redis tier shared by replicas (with a TTL). Key = the source's content hash + the
-settings key (every setting that changes the output bytes or the counts); value =
-``VideoEntry``: the MP4 sent and what the headers, metrics and token rule need.
-Redis trouble never fails a request: it only costs a miss.
+"""L1 cache of rewritten videos: one ``Tier`` (``tier.py``: in-process LRU bounded
+by bytes, plus an optional Redis tier shared by replicas, with a TTL). Key = the
+source's content hash + the settings key (every setting that changes the output
+bytes or the counts); value = ``VideoEntry``: the MP4 sent and what the headers,
+metrics and token rule need. Redis trouble never fails a request: it only costs a miss.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from dataclasses import asdict, dataclass, fields
 import orjson
 
 from ... import metrics, redis_keys
-from ...backoff import Backoff
-from ...lru import LRU
-from ...redis_clients import delete_matching
+from ...tier import Codec, Tier
 
 log = logging.getLogger("vlm_gateway.video")
 
@@ -71,70 +69,46 @@ def unpack(blob: bytes) -> VideoEntry:
     return VideoEntry(data=blob[4 + n:], **meta)
 
 
+CODEC: Codec[VideoEntry] = Codec(pack, unpack)
+
+
 class VideoL1:
+    """The rewritten-video ``Tier`` (``tier.py``), counted under the ``l1_video`` level."""
+
     def __init__(self, max_bytes: int, redis_url: str = "", ttl_s: int = 3600, timeout_s: float = 0.05,
                  redis_prefix: str = redis_keys.DEFAULT_PREFIX) -> None:
         self.max_bytes = max_bytes
-        self.prefix = redis_keys.namespace(redis_prefix, redis_keys.L1_VIDEOS)
-        self.ttl_s = ttl_s
-        self._lru: LRU[str, VideoEntry] = LRU(max_bytes=max(1, max_bytes), size=lambda e: e.size)
-        self._redis = None
-        self.backoff = Backoff("L1 video cache")
-        if redis_url:
-            from ...redis_clients import async_client
-            self._redis = async_client(redis_url, timeout_s)
+        self.tier: Tier[VideoEntry] = Tier("L1 video cache", CODEC, max_bytes, lambda e: e.size,
+                                           redis_url=redis_url,
+                                           prefix=redis_keys.namespace(redis_prefix, redis_keys.L1_VIDEOS),
+                                           ttl_s=ttl_s, timeout_s=timeout_s)
+        self.backoff = self.tier.backoff
+        self._get_local = self.tier.local.get   # bound once: the hit path is one call
+        self._lookups = metrics.CACHE_LOOKUPS.labels(LEVEL)
+        self._hits = metrics.CACHE_HITS.labels(LEVEL)
 
     def __len__(self) -> int:
-        return len(self._lru)
+        return len(self.tier)
 
     @property
     def bytes(self) -> int:
-        return self._lru.bytes
-
-    def _put_local(self, key: str, e: VideoEntry) -> None:
-        self._lru.put(key, e)
+        return self.tier.bytes
 
     async def get(self, key: str) -> VideoEntry | None:
-        metrics.CACHE_LOOKUPS.labels(LEVEL).inc()
-        e = self._lru.get(key)
-        if e is None and self._redis is not None and self.backoff.up():
-            try:
-                blob = await self._redis.get(self.prefix + key)
-            except Exception as err:  # noqa: BLE001 - a miss, never an error
-                self._warn(err)
-                blob = None
-            if blob:
-                try:
-                    e = unpack(blob)
-                except (ValueError, TypeError, struct.error, orjson.JSONDecodeError):
-                    e = None
-                if e is not None:
-                    self._put_local(key, e)
+        self._lookups.inc()
+        e = self._get_local(key)
+        if e is None:  # the local half inline: a hit costs no coroutine
+            e = await self.tier.get_shared(key)
         if e is not None:
-            metrics.CACHE_HITS.labels(LEVEL).inc()
+            self._hits.inc()
         return e
 
     async def put(self, key: str, e: VideoEntry) -> None:
-        self._put_local(key, e)
-        if self._redis is not None and self.backoff.up():
-            try:
-                await self._redis.set(self.prefix + key, pack(e), ex=self.ttl_s)
-            except Exception as err:  # noqa: BLE001
-                self._warn(err)
+        await self.tier.put(key, e)
 
     async def flush(self) -> int:
         """Drop every rewritten video (this process, and the shared Redis tier)."""
-        n = self._lru.clear()
-        if self._redis is not None:
-            try:
-                n += await delete_matching(self._redis, self.prefix + "*")
-            except Exception as err:  # noqa: BLE001 - the local tier is flushed regardless
-                self._warn(err)
-        return n
-
-    def _warn(self, err: Exception) -> None:
-        self.backoff.failed(err, "using the in-process tier only")
+        return await self.tier.flush()
 
     async def close(self) -> None:
-        if self._redis is not None:
-            await self._redis.aclose()
+        await self.tier.close()
