@@ -184,10 +184,35 @@ def test_guard_on_and_backend_cap(servers, image_server):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["code"] == "image_url_private_address" and err["param"] == "messages[0].content[1].image_url"
+    before = rewrites(gw)
     r = chat(gw, [image_part(uri(BIG))])
     assert r.status_code == 200, r.text
     assert max(decoded(received_images(sim)[0]).size) <= 512
     assert r.headers["x-vlm-gateway-visual-tokens"].startswith("before=2040;after=")
+    # the only backend caps at 512: the image is decoded and rewritten once, already capped
+    assert rewrites(gw) - before == 1
+
+
+def rewrites(gw) -> float:
+    text = httpx.get(gw.url + "/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("vlm_gateway_image_rewrite_seconds_count"))
+
+
+def test_backends_with_different_caps_each_get_their_own(servers):
+    small, big = servers.sim(), servers.sim()
+    gw = servers.gateway({
+        "profiles": {"cap-512": {"base": "h200", "image_max_long_side": 512},
+                     "cap-1024": {"base": "h200", "image_max_long_side": 1024}},
+        "routing": {"policy": "round_robin"},
+        "backends": [{"url": small.base_url, "name": "small", "engine": "sim", "profile": "cap-512"},
+                     {"url": big.base_url, "name": "big", "engine": "sim", "profile": "cap-1024"}],
+    })
+    for _ in range(2):
+        r = chat(gw, [image_part(uri(BIG))])
+        assert r.status_code == 200, r.text
+    assert max(decoded(received_images(small)[0]).size) <= 512
+    assert 512 < max(decoded(received_images(big)[0]).size) <= 1024
 
 
 # -- formats phones and browsers send, through the OpenAI SDK ------------------------------

@@ -32,7 +32,7 @@ class Gateway:
         if cfg.discovery:
             from ..backends.discovery.reconcile import Reconciler
             self.discovery = Reconciler(cfg, self.pool)
-        self.chain = Chain(cfg, self.pool.slo)
+        self.chain = Chain(cfg, self.pool.slo, self.pool)
         self.relay = Relay(self.pool, cfg, self.chain, self.response_headers)
         auth = self.chain.find(Auth)
         # the tenant key table (/v1/models shows a key its models); empty with auth off

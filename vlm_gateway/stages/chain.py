@@ -8,7 +8,8 @@ takes its config section and the shared parts and returns the stage, or None whe
 config switches it off. ``Shared`` holds what several stages use: the process's bound
 on media bytes in flight, the one media source policy (fetcher, pool, URL memo) and the
 model pools' SLO budget levels (``BudgetLevels``: the backends' controllers, read by the
-image stage).
+image stage) and the backends' image caps (``ImageCaps``: the long side every backend
+serving a model caps images at, so that the image stage rewrites once, before routing).
 The chain runs the hooks of the stages a request subscribed to and, when the request
 ends, gives back the media bytes it held.
 """
@@ -49,6 +50,17 @@ class FullBudgets:
         return 0
 
 
+class ImageCaps(Protocol):
+    def image_cap(self, model: str) -> int | None:
+        """The profile ``image_max_long_side`` every backend serving ``model`` shares (0: none
+        caps images), or None when they differ or none is known (the cap is applied per backend)."""
+
+
+class UnknownCaps:
+    def image_cap(self, model: str) -> int | None:
+        return None
+
+
 @dataclass(slots=True)
 class Shared:
     """Parts several stages share, one per process."""
@@ -56,12 +68,14 @@ class Shared:
     budget: MediaBudget
     sources: MediaSources
     levels: BudgetLevels
+    caps: ImageCaps = UnknownCaps()
 
 
 class Chain:
-    def __init__(self, cfg: GatewayConfig, levels: BudgetLevels | None = None) -> None:
+    def __init__(self, cfg: GatewayConfig, levels: BudgetLevels | None = None, caps: ImageCaps | None = None) -> None:
         budget = MediaBudget(cfg.limits)
-        self.shared = Shared(budget, MediaSources(cfg.images, cfg.limits, budget), levels or FullBudgets())
+        self.shared = Shared(budget, MediaSources(cfg.images, cfg.limits, budget), levels or FullBudgets(),
+                             caps or UnknownCaps())
         built = (cls.from_config(cfg, self.shared) for cls in STAGES)
         self.stages: list[Stage] = [s for s in built if s is not None]
 

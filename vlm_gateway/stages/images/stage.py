@@ -9,7 +9,10 @@ rewritten, but the sources are still resolved, checked and counted. Then
 rewrite for the model's policy right away, so a broken image fails before any
 response starts, and subscribe the request for ``before_send``, which
 applies the rewrite for the chosen backend (capped by its profile's
-``image_max_long_side``; L1 makes a second rewrite cheap). Pass-through data:
+``image_max_long_side``). When every backend serving the model shares one cap
+(``ImageCaps``), the first rewrite is already capped and ``before_send`` only
+applies it: one decode per image, not two; with mixed caps a backend whose cap
+differs from none costs a second rewrite (at its own L1 key). Pass-through data:
 images keep their original string byte for byte.
 
 Each policy carries the model pool's SLO budget level of the moment (``backends/slo.py``,
@@ -79,9 +82,10 @@ class ImageRewriter(Stage):
     name = "images"
 
     def __init__(self, cfg: ImagesConfig, sources: MediaSources, redis_url: str, redis_prefix: str,
-                 slo_cfg: SloConfig | None = None, levels=None) -> None:
+                 slo_cfg: SloConfig | None = None, levels=None, caps=None) -> None:
         self.slo_cfg = slo_cfg or SloConfig()
         self.slo = levels  # the model pools' SLO budget levels (None: always full budgets)
+        self.caps = caps    # the backends' shared image cap per model (None: capped per backend)
         self.cfg = cfg
         self.sources = sources
         self.pool = self.sources.pool
@@ -93,7 +97,8 @@ class ImageRewriter(Stage):
     @classmethod
     def from_config(cls, cfg: GatewayConfig, shared) -> "ImageRewriter":
         # installed even with images.enabled false: sources are still policed (policies "off")
-        return cls(cfg.images, shared.sources, cfg.redis_url, cfg.redis_prefix, cfg.slo, shared.levels)
+        return cls(cfg.images, shared.sources, cfg.redis_url, cfg.redis_prefix, cfg.slo, shared.levels,
+                   shared.caps)
 
     async def close(self) -> None:
         await self.l1.close()
@@ -203,6 +208,9 @@ class ImageRewriter(Stage):
                         for pol, part in zip(policies, req.images)]
         sources = await _gather([self.source(p, req) for p in req.images])
         policies = grounding.gate_trim(self.cfg, req, sources, policies)  # no crop unless answers map back
+        cap = self.caps.image_cap(req.model) if self.caps is not None else None
+        if cap is not None:  # every backend for this model caps alike: rewrite once, already capped
+            policies = [pol.capped(cap) for pol in policies]
         for part, src, pol in zip(req.images, sources, policies):
             part.content_hash = src.hash
             part.source_bytes = src.size
