@@ -7,6 +7,9 @@ token accounting, and affinity across engines. Writes JSON results and prints ta
   python3 benchmarks/gpu/loadgen.py tokens   --out tokens.json    # x-vlm-gateway-visual-tokens vs usage
   python3 benchmarks/gpu/loadgen.py affinity --policy affinity --out aff.json
   python3 benchmarks/gpu/loadgen.py video    --out video.json     # video tokens + TTFT, raw vs rewritten
+  python3 benchmarks/gpu/loadgen.py video --prepare /root/clips.pkl --out /dev/null  # make the clips
+                                    # first (minutes of CPU: run it while the engine starts), then
+                                    # ... video --clips /root/clips.pkl --out video.json
 
 Every request streams, asks for 64 output tokens with ignore_eos at temperature 0, and
 carries a distinct synthetic image (screenshots for 1920x1080, photos for 4032x3024, PNG
@@ -25,6 +28,7 @@ import base64
 import io
 import json
 import os
+import pickle
 import random
 import statistics
 import sys
@@ -409,10 +413,10 @@ async def engine_prefix(s: aiohttp.ClientSession) -> dict[str, tuple[float, floa
 
 VIDEO_CLIPS = {  # name: (kind, seconds, width, height, fps); --small shrinks them for a local run
     "motion_10s_720p30": ("motion", 10, 1280, 720, 30),
-    "screen_60s_1080p30": ("screen", 60, 1920, 1080, 30),
+    "screen_30s_1080p30": ("screen", 30, 1920, 1080, 30),
 }
 VIDEO_CLIPS_SMALL = {"motion_10s_720p30": ("motion", 2, 320, 240, 30),
-                     "screen_60s_1080p30": ("screen", 12, 640, 360, 10)}
+                     "screen_30s_1080p30": ("screen", 12, 640, 360, 10)}
 
 
 def make_video(args: tuple[str, tuple, int, bool]) -> dict:
@@ -473,10 +477,23 @@ async def engine_counter(s: aiohttp.ClientSession):
     return ok, cache, count
 
 
+def load_clips(path: str, jobs: list) -> list | None:
+    """The clips ``--prepare`` made for these same jobs (None: absent or made for others)."""
+    try:
+        with open(path, "rb") as f:
+            got = pickle.load(f)
+    except FileNotFoundError:
+        return None
+    if got["jobs"] != jobs:
+        print(f"{path} holds clips for other settings: making them again", flush=True)
+        return None
+    return got["made"]
+
+
 def cmd_video(a) -> dict:
     from vlm_gateway.video_tokens import tokens_for_indices, sample_indices, group_timestamps, timestamp_text
     clips = VIDEO_CLIPS_SMALL if a.small else VIDEO_CLIPS
-    plan = [(1, 4 if a.small else 6), (8, 8 if a.small else 24)]
+    plan = [(1, 4), (8, 8 if a.small else 16)]
     n_modes = 3 if a.through_gateway else 2
     # clips of their own per cell and mode (+ 2 warm-ups each): the gateway's rewrite of a raw
     # clip is byte for byte the client-side rewrite, which the engine would otherwise have cached
@@ -485,8 +502,19 @@ def cmd_video(a) -> dict:
     # the last clip of each kind is the token-accounting one: also rewritten with the frame plan
     jobs = [(name, spec, 1000 * i + j, j == need + 1) for i, (name, spec) in enumerate(clips.items())
             for j in range(need + 2)]
-    with ProcessPoolExecutor(os.cpu_count()) as ex:
-        made = list(ex.map(make_video, jobs))
+    made = load_clips(a.clips, jobs) if a.clips else None
+    if made is None:
+        made = []
+        with ProcessPoolExecutor(os.cpu_count()) as ex:
+            for m in ex.map(make_video, jobs):
+                made.append(m)
+                if len(made) % 10 == 0 or len(made) == len(jobs):
+                    print(f"clips: {len(made)}/{len(jobs)} made and rewritten ({time.time() - t0:.0f} s)", flush=True)
+        if a.prepare:
+            with open(a.prepare, "wb") as f:
+                pickle.dump({"jobs": jobs, "made": made}, f)
+            print(f"wrote {len(made)} clips to {a.prepare}", flush=True)
+            return {"prepared": len(made), "seconds": round(time.time() - t0, 1)}
     vids = {name: [m for m in made if m["name"] == name] for name in clips}
     print(f"generated and rewrote {len(made)} clips in {time.time() - t0:.1f}s", flush=True)
     out: dict = {"clips": {}, "tokens": [], "cells": []}
@@ -570,6 +598,8 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="video: small clips (a local run against the simulator)")
     ap.add_argument("--through-gateway", action="store_true",
                     help="video: also send raw clips through the gateway (its token header checked, TTFT cells)")
+    ap.add_argument("--prepare", default="", help="video: make the clips, write them to this file, stop")
+    ap.add_argument("--clips", default="", help="video: the clips a --prepare run wrote (same options)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--policy", default="affinity")

@@ -115,10 +115,11 @@ async def send(session: aiohttp.ClientSession, base: str, item: dict, opt_in: st
         async with session.post(base + "/chat/completions", json=item["body"], headers=headers) as r:
             rec["status"] = r.status
             budget = r.headers.get(BUDGET_HEADER, "")
-            m = re.search(r"long_side=(\w+);level=(\d+)", budget)
-            if m:
-                rec["long_side"] = int(m.group(1)) if m.group(1).isdigit() else 0
-                rec["level"] = int(m.group(2))
+            # "param;class=..;long_side=N;...;level=L" or "param;long_side=original;level=L"
+            side, level = re.search(r"long_side=(\w+)", budget), re.search(r"level=(\d+)", budget)
+            if side and level:
+                rec["long_side"] = int(side.group(1)) if side.group(1).isdigit() else 0
+                rec["level"] = int(level.group(1))
             vt = r.headers.get("x-vlm-gateway-visual-tokens", "")
             m = re.match(r"before=(\d+);after=(\d+)", vt)
             if m:
