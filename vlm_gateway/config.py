@@ -247,6 +247,10 @@ class ImagesConfig:
     # Decode/resize pool: 0 = one per core; queued jobs beyond this get 503.
     pool_workers: int = 0
     max_queue: int = 64
+    # While the oldest image job still waiting for a pool thread has waited this long (ms), new
+    # images get 503 with Retry-After: under more images than the CPU can rewrite, the queue
+    # stays this short instead of every request waiting its whole length. 0 = off.
+    max_queue_wait_ms: float = 1500.0
     # Per-model overrides: {model_name: {max_long_side: .., grid_factor: .., ...}}
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Accept image_embeds parts (base64 tensors the gateway cannot inspect; the engine needs

@@ -125,7 +125,7 @@ class MediaSources:
         self.fetcher = Fetcher(FetchPolicy(cfg.fetch_timeout_s, cfg.max_fetch_bytes, cfg.max_redirects,
                                            cfg.allow_private_networks, list(cfg.allow_networks),
                                            list(cfg.allow_domains), list(cfg.deny_domains)))
-        self.pool = BoundedPool(cfg.pool_workers, cfg.max_queue)
+        self.pool = BoundedPool(cfg.pool_workers, cfg.max_queue, max_wait_s=cfg.max_queue_wait_ms / 1000)
         self.memo = UrlMemo(cfg.url_cache_ttl_s)
         self.budget = budget
         # per-part caps: fetched images keep images.max_fetch_bytes; data: images are
