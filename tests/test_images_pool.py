@@ -78,3 +78,19 @@ async def test_a_job_cancelled_before_it_starts_stops_counting_as_waiting():
     gate.set()
     assert await running and await later == "later"
     pool.close()
+
+
+def test_the_cores_are_shared_among_the_worker_processes():
+    from vlm_gateway.config import ImagesConfig, LimitsConfig
+    from vlm_gateway.stages.images.inflight import MediaBudget
+    from vlm_gateway.stages.images.pool import cores
+    from vlm_gateway.stages.images.source import MediaSources
+
+    lim = LimitsConfig()
+    for processes in (1, 2, 64):
+        src = MediaSources(ImagesConfig(), lim, MediaBudget(lim), processes)
+        assert src.pool.workers == max(1, cores() // processes)
+        src.pool.close()
+    src = MediaSources(ImagesConfig(pool_workers=3), lim, MediaBudget(lim), 64)   # set by hand: as set
+    assert src.pool.workers == 3
+    src.pool.close()

@@ -244,7 +244,8 @@ class ImagesConfig:
     # L1 rewritten-image cache.
     l1_max_bytes: int = 256 * 1024 * 1024
     l1_redis_ttl_s: int = 3600
-    # Decode/resize pool: 0 = one per core; queued jobs beyond this get 503.
+    # Decode/resize threads per worker process: 0 = the cores shared among the server.workers
+    # processes (at least 1). Jobs waiting beyond max_queue get 503.
     pool_workers: int = 0
     max_queue: int = 64
     # While the oldest image job still waiting for a pool thread has waited this long (ms), new
@@ -305,7 +306,8 @@ class VideoConfig:
     max_decoded_pixels: int = 16_000_000_000
     # Wall-clock limit of one video's rewrite (decode included): longer gets 400.
     max_decode_s: float = 60.0
-    # Decode threads (PyAV releases the GIL while FFmpeg works): 0 = half the cores, at least 1.
+    # Decode threads per worker process (PyAV releases the GIL while FFmpeg works): 0 = half the
+    # cores shared among the server.workers processes, at least 1.
     pool_workers: int = 0
     # FFmpeg codec threads per decode: 1 keeps one video to one core (the pool runs several);
     # more cut one video's rewrite time (time to first token) on a machine with idle cores.

@@ -113,7 +113,8 @@ class MediaStage(Stage):
         video = None
         if cfg.video.enabled:
             from ..video.stage import VideoRewriter
-            video = VideoRewriter(cfg.video, cfg.images, cfg.limits.max_video_bytes, cfg.redis_url, cfg.redis_prefix)
+            video = VideoRewriter(cfg.video, cfg.images, cfg.limits.max_video_bytes, cfg.redis_url, cfg.redis_prefix,
+                                  cfg.server.workers)
         return cls(shared.sources, cfg.images.allow_image_embeds, video)
 
     async def close(self) -> None:

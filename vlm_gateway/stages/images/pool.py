@@ -35,6 +35,14 @@ from ...core.errors import Unavailable
 T = TypeVar("T")
 
 
+def cores() -> int:
+    """The cores this process may run on (its affinity, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
 class BoundedPool:
     def __init__(self, workers: int = 0, max_queue: int = 64, what: str = "image", max_wait_s: float = 0.0,
                  clock: Clock = monotonic) -> None:

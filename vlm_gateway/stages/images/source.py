@@ -30,7 +30,7 @@ from ...core.errors import BadRequest
 from .decode import Header, ImageError
 from .fetch import Fetched, Fetcher, FetchError, FetchPolicy, check_address
 from .inflight import MediaBudget
-from .pool import BoundedPool
+from .pool import BoundedPool, cores
 
 if TYPE_CHECKING:
     from ...config import ImagesConfig, LimitsConfig
@@ -120,12 +120,15 @@ class UrlMemo:
 class MediaSources:
     """One per process: the fetcher, pool, memo and byte budget every media stage uses."""
 
-    def __init__(self, cfg: "ImagesConfig", lim: "LimitsConfig", budget: MediaBudget) -> None:
+    def __init__(self, cfg: "ImagesConfig", lim: "LimitsConfig", budget: MediaBudget, processes: int = 1) -> None:
         self.cfg = cfg
         self.fetcher = Fetcher(FetchPolicy(cfg.fetch_timeout_s, cfg.max_fetch_bytes, cfg.max_redirects,
                                            cfg.allow_private_networks, list(cfg.allow_networks),
                                            list(cfg.allow_domains), list(cfg.deny_domains)))
-        self.pool = BoundedPool(cfg.pool_workers, cfg.max_queue, max_wait_s=cfg.max_queue_wait_ms / 1000)
+        # the machine's cores shared by the worker processes: threads beyond them only slow
+        # every job down together, where a queue shows the overload (and its wait is bounded)
+        workers = cfg.pool_workers or max(1, cores() // max(1, processes))
+        self.pool = BoundedPool(workers, cfg.max_queue, max_wait_s=cfg.max_queue_wait_ms / 1000)
         self.memo = UrlMemo(cfg.url_cache_ttl_s)
         self.budget = budget
         # per-part caps: fetched images keep images.max_fetch_bytes; data: images are

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING
@@ -49,7 +48,7 @@ from ...video_tokens import (QWEN3_VL, TimestampCounter, VideoProcessorSpec, qwe
                              tokenizer_counter, video_tokens)
 from ..images import policy as image_policy
 from ..images.encode import data_uri
-from ..images.pool import BoundedPool
+from ..images.pool import BoundedPool, cores
 from .budget import frame_budget, legibility_budget
 from .errors import VideoError
 from .l1 import VideoEntry, VideoL1
@@ -102,11 +101,11 @@ class VideoRewriter(Hooks):
     for ``before_send``."""
 
     def __init__(self, cfg: VideoConfig, images: ImagesConfig, max_video_bytes: int, redis_url: str,
-                 redis_prefix: str = redis_keys.DEFAULT_PREFIX) -> None:
+                 redis_prefix: str = redis_keys.DEFAULT_PREFIX, processes: int = 1) -> None:
         self.cfg = cfg
         self.images = images
         self.max_bytes = max_video_bytes
-        workers = cfg.pool_workers or max(1, (os.cpu_count() or 2) // 2)
+        workers = cfg.pool_workers or max(1, cores() // 2 // max(1, processes))
         self.pool = BoundedPool(workers, cfg.max_queue, what="video")
         self.l1 = VideoL1(cfg.l1_max_bytes, redis_url, cfg.l1_redis_ttl_s, redis_prefix=redis_prefix)
         self.count: TimestampCounter = qwen_timestamp_tokens
