@@ -20,11 +20,8 @@ import argparse
 import asyncio
 import base64
 import json
-import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,10 +30,12 @@ from pathlib import Path
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks" / "gpu")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "gpu")]
 
 import loadgen  # noqa: E402
 from variants import variants  # noqa: E402
+
+from localprocs import Procs, wait_ready  # noqa: E402
 
 CONFIGS = {"bound_off": 0, "bound_1500ms": 1500}
 
@@ -97,31 +96,10 @@ def main() -> None:
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="image-overload-"))
-    py = sys.executable
-    procs: list[subprocess.Popen] = []
-
-    def start(args: list[str], log: str) -> subprocess.Popen:
-        p = subprocess.Popen([py, "-m", "vlm_gateway", *args], stdout=open(tmp / log, "w"),
-                             stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
-        procs.append(p)
-        return p
-
-    def ready(url: str, p: subprocess.Popen) -> None:
-        import urllib.request
-        for _ in range(300):
-            if p.poll() is not None:
-                raise SystemExit(f"exited: {(tmp / 'sim.log').read_text()[-500:]}")
-            try:
-                if urllib.request.urlopen(url, timeout=1).status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise SystemExit(f"{url} not ready")
-
-    try:
-        sim = start(["sim", "--port", "18410", "--model", "qwen3vl", "--time-scale", "0.01"], "sim.log")
-        ready("http://127.0.0.1:18410/health", sim)
+    with Procs(tmp) as procs:
+        sim = procs.vlm_gateway(["sim", "--port", "18410", "--model", "qwen3vl", "--time-scale", "0.01"], "sim.log",
+                                cwd=ROOT)
+        wait_ready("http://127.0.0.1:18410/health", sim, "the simulator")
         urls = {}
         for i, (name, wait_ms) in enumerate(CONFIGS.items()):
             port = 18411 + i
@@ -130,8 +108,8 @@ def main() -> None:
                 f"images: {{pool_workers: 2, max_queue: 4096, max_queue_wait_ms: {wait_ms}}}\n"
                 "slo: {enabled: false}\nbackends:\n"
                 "  - {url: 'http://127.0.0.1:18410/v1', name: s, engine: sim, profile: h200, models: [qwen3vl]}\n")
-            p = start(["serve", "--config", str(tmp / f"{name}.yaml")], f"{name}.log")
-            ready(f"http://127.0.0.1:{port}/ready", p)
+            p = procs.vlm_gateway(["serve", "--config", str(tmp / f"{name}.yaml")], f"{name}.log", cwd=ROOT)
+            wait_ready(f"http://127.0.0.1:{port}/ready", p, f"the {name} gateway")
             urls[name] = f"http://127.0.0.1:{port}/v1/chat/completions"
         vary = variants(loadgen.base_image("jpeg1080"))
         counter = iter(range(10**9))
@@ -168,13 +146,6 @@ def main() -> None:
             print(json.dumps({name: row}), flush=True)
         if a.out:
             Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
-    finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
 
 
 if __name__ == "__main__":

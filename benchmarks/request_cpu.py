@@ -16,21 +16,20 @@ import argparse
 import base64
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks" / "gpu")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "gpu")]
 
 import loadgen  # noqa: E402
 from variants import variants  # noqa: E402
+
+from localprocs import Procs, wait_ready  # noqa: E402
 
 WORKLOADS = ["jpeg1080", "jpeg12mp", "png1080", "png1800"]
 
@@ -38,20 +37,6 @@ WORKLOADS = ["jpeg1080", "jpeg12mp", "png1080", "png1800"]
 def cpu_s(pid: int) -> float:
     f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_ready(url: str, proc: subprocess.Popen, what: str) -> None:
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{what} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"{what} did not become ready")
 
 
 def body(img: bytes, kind: str) -> dict:
@@ -70,20 +55,9 @@ def main() -> None:
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="request-cpu-"))
-    py = sys.executable
-    procs: list[subprocess.Popen] = []
-
-    def start(args: list[str], pythonpath: str, log: str) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONPATH=pythonpath)
-        # cwd outside the checkout: ``python -m`` puts the cwd first on sys.path
-        p = subprocess.Popen([py, "-m", "vlm_gateway", *args], env=env, stdout=open(tmp / log, "w"),
-                             stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp)
-        procs.append(p)
-        return p
-
     ports = {"before": 18311, "after": 18312}
-    try:
-        sim = start(["sim", "--port", "18310", "--model", "qwen3vl", "--time-scale", "0.01"], str(ROOT), "sim.log")
+    with Procs(tmp) as procs:
+        sim = procs.vlm_gateway(["sim", "--port", "18310", "--model", "qwen3vl", "--time-scale", "0.01"], "sim.log")
         wait_ready("http://127.0.0.1:18310/health", sim, "the simulator")
         gws = {}
         for name, port in ports.items():
@@ -91,7 +65,8 @@ def main() -> None:
                 f"server: {{port: {port}, workers: 1}}\nbackends:\n"
                 "  - {url: 'http://127.0.0.1:18310/v1', name: s, engine: sim, profile: h200, models: [qwen3vl]}\n")
             path = a.before if name == "before" else str(ROOT)
-            gws[name] = start(["serve", "--config", str(tmp / f"{name}.yaml")], path, f"{name}.log")
+            gws[name] = procs.vlm_gateway(["serve", "--config", str(tmp / f"{name}.yaml")], f"{name}.log",
+                                          pythonpath=path, cwd=tmp)
             wait_ready(f"http://127.0.0.1:{port}/ready", gws[name], f"the {name} gateway")
         for name in ports:  # each gateway runs the package it was given
             assert (Path(a.before if name == "before" else ROOT) / "vlm_gateway").is_dir()
@@ -128,13 +103,6 @@ def main() -> None:
                       f"   after/before {row['ratio_p50']:.2f}", flush=True)
         if a.out:
             Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
-    finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
 
 
 if __name__ == "__main__":

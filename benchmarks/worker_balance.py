@@ -19,10 +19,8 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -30,26 +28,15 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 import loadgen  # noqa: E402
 from procs import Sampler  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from localprocs import wait_ready  # noqa: E402
+
 SHARED = """
 import os, uvicorn
 uvicorn.run("vlm_gateway.proxy.app:create_app", factory=True, host="127.0.0.1", port={port}, workers={workers},
             log_level="warning", access_log=False, loop="uvloop",
             http="vlm_gateway.proxy.connection_guard:GuardedHttpToolsProtocol", ws="none", timeout_graceful_shutdown=5)
 """
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("not ready")
 
 
 def start(cmd: list[str], env: dict, log: Path, pid_file: Path) -> subprocess.Popen:
