@@ -413,10 +413,10 @@ async def engine_prefix(s: aiohttp.ClientSession) -> dict[str, tuple[float, floa
 
 VIDEO_CLIPS = {  # name: (kind, seconds, width, height, fps); --small shrinks them for a local run
     "motion_10s_720p30": ("motion", 10, 1280, 720, 30),
-    "screen_30s_1080p30": ("screen", 30, 1920, 1080, 30),
+    "screen_60s_1080p30": ("screen", 60, 1920, 1080, 30),
 }
 VIDEO_CLIPS_SMALL = {"motion_10s_720p30": ("motion", 2, 320, 240, 30),
-                     "screen_30s_1080p30": ("screen", 12, 640, 360, 10)}
+                     "screen_60s_1080p30": ("screen", 12, 640, 360, 10)}
 
 
 def make_video(args: tuple[str, tuple, int, bool]) -> dict:
