@@ -260,9 +260,9 @@ async def _load(env, stop: asyncio.Event, key: str, out: list) -> list:
 
 
 def _limits_on_redis(gw) -> bool:
-    """The gateway's rate limiter last said that Redis answers again (not that it failed)."""
+    """The gateway's rate limiter has not failed, or last said that Redis answers again."""
     out = gw.output()
-    return out.rfind("rate limits: Redis answers again") > out.rfind("rate limits: Redis failed")
+    return out.rfind("rate limits: Redis answers again") >= out.rfind("rate limits: Redis failed")
 
 
 async def _take_away_and_recover(env, primary: int, how: str) -> None:
