@@ -19,6 +19,8 @@ import httpx
 import pytest
 import yaml
 
+from waiting import poll
+
 SIM_MODEL = "qwen3vl-sim"
 
 
@@ -29,13 +31,9 @@ def free_port() -> int:
 
 
 def until(fn, timeout: float = 5.0):
-    """Poll ``fn`` until it returns something truthy or ``timeout`` passes; its last value."""
-    deadline = time.time() + timeout
-    while True:
-        v = fn()
-        if v or time.time() > deadline:
-            return v
-        time.sleep(0.05)
+    """Poll ``fn`` until it returns something truthy or ``timeout`` passes; its last value
+    (``waiting.poll``; ``waiting.wait_until`` fails instead, naming what did not happen)."""
+    return poll(fn, timeout)
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout: float = 20.0, log: str = "") -> None:

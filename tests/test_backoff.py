@@ -25,9 +25,13 @@ def test_skipped_for_retry_s_after_a_failure_with_one_warning_per_outage(caplog)
         clock.advance(0.01)
         assert b.up()
         b.failed(ConnectionError())       # a new outage: logged again
+        clock.advance(2.0)
+        b.succeeded()                     # its end: said once
+        b.succeeded()
     assert b.failures == 3
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2 and all(m.startswith("L9 cache: Redis failed") for m in lines)
+    assert len(lines) == 3 and all(m.startswith("L9 cache: Redis failed") for m in lines[:2])
+    assert lines[2] == "L9 cache: Redis answers again"
 
 
 def test_every_redis_tier_has_the_back_off():

@@ -19,6 +19,7 @@ import pytest
 from conftest import until
 from discovery_helpers import TOKENS, gateway, metric, port_free_on, served, sim_at, status, stream
 from dns_server import DnsServer
+from waiting import async_wait_until
 
 pytestmark = pytest.mark.skipif(not DnsServer.available(), reason="dnsmasq is not installed (apt: dnsmasq-base)")
 
@@ -51,8 +52,11 @@ async def test_a_records_that_change_move_traffic_and_drain_in_flight_streams(se
 
     # streams in flight on .2 and .3; then .3 leaves the name and .4 joins
     tasks = [asyncio.create_task(stream(client, f"s{i}x{uuid.uuid4().hex[:6]}")) for i in range(6)]
-    await asyncio.sleep(0.4)          # every stream has its first bytes (least_loaded spread them)
-    before = status(gw)
+
+    def all_in_flight() -> dict | None:   # least_loaded spreads them over both
+        st = status(gw)
+        return st if sum(b["inflight"] for b in st.values()) == 6 else None
+    before = await async_wait_until(all_in_flight, "all six streams are in flight")
     assert before[names[hosts[1]]]["inflight"] >= 1, before
     dnsd.set_hosts({"engines.test": [hosts[0], hosts[2]]})
     left = names[hosts[1]]

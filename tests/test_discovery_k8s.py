@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from vlm_gateway import metrics
 from vlm_gateway.backends.discovery.slices import SliceSet, ready_endpoints
 from vlm_gateway.config import DiscoveryConfig
+from waiting import async_wait_until
 
 pytest.importorskip("kubernetes_asyncio")
 
@@ -121,8 +123,8 @@ async def test_watch_through_the_real_client(tmp_path):
         # a bookmark publishes nothing; the server ends the watch; the client resumes from the bookmark
         replay.push(E[1])
         replay.end_watch()
-        await asyncio.sleep(0.2)
-        await asyncio.wait_for(replay.watching.wait(), 10)
+        await async_wait_until(lambda: len(replay.watches()) == 2 and replay.watching.is_set(),
+                               "the client opened its second watch")
         assert replay.watches()[-1]["resourceVersion"] == "48301" and len(replay.lists()) == 1
         assert len(published) == 2
         replay.push(E[2])
@@ -131,8 +133,8 @@ async def test_watch_through_the_real_client(tmp_path):
         assert (got["vllm-2"].profile, got["vllm-2"].engine) == ("l4", "trtllm")
         for i in (3, 4, 5, 6):
             replay.push(E[i])
-        await asyncio.sleep(0.3)
-        assert {t.name for t in published[-1]} == EXPECTED[7]
+        await async_wait_until(lambda: {t.name for t in published[-1]} == EXPECTED[7],
+                               f"the list after the last event is published: {EXPECTED[7]}")
         reads = list(replay.pod_reads)
         changed.clear()
         # 410 Gone: the client lists again and goes on from the new list
@@ -157,16 +159,18 @@ async def test_api_errors_keep_the_last_list(tmp_path):
     entry = DiscoveryConfig(kind="kubernetes", service="vllm", kubeconfig=replay.kubeconfig(str(tmp_path)),
                             namespace="llm")
     published: list[list] = []
-    task = asyncio.create_task(KubernetesDiscovery(entry).run(published.append))
+    errors = metrics.DISCOVERY_ERRORS.labels("kubernetes:llm/vllm")
+    before = errors._value.get()
+    # the first retry after 50 ms rather than 1 s, so that three failed rounds take 0.35 s
+    task = asyncio.create_task(KubernetesDiscovery(entry, backoff_s=0.05).run(published.append))
     try:
         await asyncio.wait_for(replay.watching.wait(), 10)
         assert [t.name for t in published[-1]] == ["vllm-0"]
         await replay.close()            # the API server goes away mid-watch
         replay.end_watch()
-        await asyncio.sleep(1.5)        # a failed relist or two (back-off 1 s)
+        # the watch fails to reopen, then two relists after their back-offs fail too
+        await async_wait_until(lambda: errors._value.get() >= before + 3, "three failed rounds are counted")
         assert len(published) == 1      # nothing published: the last list stands
-        from vlm_gateway import metrics
-        assert metrics.DISCOVERY_ERRORS.labels("kubernetes:llm/vllm")._value.get() >= 1
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -209,8 +213,11 @@ async def test_gateway_follows_endpointslices_end_to_end(servers, tmp_path):
         assert await asyncio.to_thread(until, lambda: status(gw).get("vllm-1", {}).get("available"), 10)
         # a stream on vllm-0 is running when vllm-0 starts terminating
         longs = [asyncio.create_task(stream(client, f"long{i}")) for i in range(2)]
-        await asyncio.sleep(0.3)      # least_loaded: one on each
-        assert (await asyncio.to_thread(status, gw))["vllm-0"]["inflight"] == 1
+
+        async def one_on_each() -> bool:   # least_loaded spreads the two
+            st = await asyncio.to_thread(status, gw)
+            return st["vllm-0"]["inflight"] == 1 and st["vllm-1"]["inflight"] == 1
+        await async_wait_until(one_on_each, "one long stream in flight on each backend")
         gone = copy.deepcopy(ready)
         gone["endpoints"][0]["conditions"] = {"ready": False, "serving": True, "terminating": True}
         gone["metadata"]["resourceVersion"] = "48340"

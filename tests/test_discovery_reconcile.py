@@ -4,8 +4,6 @@ rules do not depend on their health."""
 
 from __future__ import annotations
 
-import asyncio
-
 from vlm_gateway.backends.discovery.reconcile import Reconciler
 from vlm_gateway.backends.discovery.source import Target
 from vlm_gateway.backends.discovery.static import StaticDiscovery
@@ -14,6 +12,8 @@ from vlm_gateway.config import BackendConfig, DiscoveryConfig, GatewayConfig
 from vlm_gateway.backends.backend import Backend
 
 from conftest import free_port
+from transport import ManualClock
+from waiting import async_wait_until
 
 
 def t(name: str, port: int, profile: str = "") -> Target:
@@ -21,11 +21,7 @@ def t(name: str, port: int, profile: str = "") -> Target:
 
 
 async def settle(rec: Reconciler, rounds: int) -> None:
-    for _ in range(200):
-        if rec.applied >= rounds:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{rec.applied} rounds applied, expected {rounds}")
+    await async_wait_until(lambda: rec.applied >= rounds, f"{rounds} rounds applied", 2, 0.01)
 
 
 async def test_membership_rules():
@@ -34,7 +30,14 @@ async def test_membership_rules():
                         discovery=[DiscoveryConfig(kind="dns", dns_name="x", port=1, drain_timeout_s=0.5)])
     pool = Pool(cfg, [Backend.from_config(cfg.backends[0], 0)])
     src = StaticDiscovery([t("a", free_port()), t("b", free_port(), "h200"), t("fixed", free_port())])
-    rec = Reconciler(cfg, pool, [src])
+    clock = ManualClock()   # the drain timeouts' clock: read by the drain loops alone
+    rec = Reconciler(cfg, pool, [src], clock=clock)
+
+    async def drain_looked() -> None:
+        """Until the drain loop (one at a time here) has read the clock twice more: it has
+        set its deadline, or looked at the backend's in-flight count at least once since."""
+        seen = clock.reads
+        await async_wait_until(lambda: clock.reads >= seen + 2, "the drain loop looked again")
     await rec.start()
     try:
         await settle(rec, 1)
@@ -55,14 +58,11 @@ async def test_membership_rules():
         # leaves again and its request ends: removed
         src.set([rec.members["a"][0]])
         await settle(rec, 4)
-        await asyncio.sleep(0.1)
+        await drain_looked()
         assert b in pool.backends
         b.inflight = 0
-        for _ in range(100):
-            if b not in pool.backends:
-                break
-            await asyncio.sleep(0.02)
-        assert b not in pool.backends and "b" not in rec.members
+        await async_wait_until(lambda: b not in pool.backends, "b, drained, is removed")
+        assert "b" not in rec.members
         # same name, another address: the old one drains, the new one is added
         a_old = rec.members["a"][1]
         a_old.inflight = 1
@@ -71,9 +71,14 @@ async def test_membership_rules():
         a_new = rec.members["a"][1]
         assert a_new is not a_old and a_old.departing and not a_new.departing
         assert {x for x in pool.backends if x.name == "a"} == {a_old, a_new}
-        # the drain timeout closes a backend whose request never ends
-        await asyncio.sleep(0.8)
-        assert a_old not in pool.backends and a_new in pool.backends
+        # the drain timeout (0.5 s) closes a backend whose request never ends, not before
+        await drain_looked()
+        clock.advance(0.25)
+        await drain_looked()
+        assert a_old in pool.backends
+        clock.advance(0.25)
+        await async_wait_until(lambda: a_old not in pool.backends, "a_old is closed at its drain timeout")
+        assert a_new in pool.backends
     finally:
         await rec.close()
         await pool.close()

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import SIM_MODEL
 from test_security_support import RedisServer, sha
+from waiting import async_wait_until, poll
 
 
 def aclient(gw, key: str = "unused", conns: int = 100) -> openai.AsyncOpenAI:
@@ -50,12 +51,8 @@ def inflight(gw) -> float:
 
 
 def wait_inflight_zero(gw, timeout: float = 5.0) -> float:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = inflight(gw)
-        if v == 0:
-            return v
-        time.sleep(0.05)
+    """The gateway's in-flight count once it reached 0, or where it stood at the deadline."""
+    poll(lambda: inflight(gw) == 0, timeout)
     return inflight(gw)
 
 
@@ -79,7 +76,7 @@ async def test_backend_dies_mid_stream_only_that_client_errors(env):
         return await stream_text(c, m, 20)
     # the first request to reach the simulator takes the fault
     first = asyncio.ensure_future(one(marks[0]))
-    await asyncio.sleep(0.05)
+    await async_wait_until(lambda: sim.sim_faults()["die_mid_stream"] == 0, "the first request took the fault")
     rest = await asyncio.gather(*(one(m) for m in marks[1:]), return_exceptions=True)
     with pytest.raises(openai.APIError) as ei:
         await first
@@ -191,8 +188,8 @@ async def test_redis_stopped_during_load(servers, tmp_path):
         await load(150, 0)
         assert redis.client().keys("vlmgw:rl:*"), "rate-limit buckets should live in Redis"
         half = asyncio.ensure_future(load(300, 1000))
-        while len(statuses) < 150 + 50:  # Redis stops while the second batch is under way
-            await asyncio.sleep(0.01)
+        # Redis stops while the second batch is under way
+        await async_wait_until(lambda: len(statuses) >= 150 + 50, "50 answers of the second batch", 60, 0.01)
         redis.stop()
         await half
         await load(100, 5000)

@@ -124,7 +124,7 @@ def test_a_declared_length_over_the_cap_is_refused_unread(servers, backends):
         await resp.prepare(request)
         try:
             await resp.write(b"{")
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # behaviour: the rest of the declared 400 MiB never comes
         except (ConnectionError, RuntimeError, asyncio.CancelledError):
             pass
         return resp

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import time
 
 import httpx
@@ -15,6 +16,8 @@ from conftest import SIM_MODEL
 from PIL import Image
 
 from image_corpus import photo_array, save
+from vlm_gateway.data_uri import payload_bytes
+from waiting import async_wait_until
 
 N_IMAGES = 12
 
@@ -27,10 +30,19 @@ async def test_large_image_burst_does_not_stall_text_requests(servers):
     # one 12 MP photo, encoded at different qualities: distinct bytes, so every one is an L1 miss
     im = Image.fromarray(photo_array(4032, 3024, 7))
     images = [save(im, "JPEG", quality=80 + i) for i in range(N_IMAGES)]
+    urls = ["data:image/jpeg;base64," + base64.b64encode(b).decode() for b in images]
     done: dict[str, float] = {}
 
+    async def burst_taken_in(c: httpx.AsyncClient) -> bool:
+        # the image stage holds each data: image's bytes from when it takes the request in until
+        # the request ends: held now + answered = every image means the whole burst reached it
+        text = (await c.get(gw.url + "/metrics")).text
+        held = float(re.search(r"^vlm_gateway_media_bytes_in_flight ([0-9.e+]+)$", text, re.M).group(1))
+        answered = sum(payload_bytes(u) for i, u in enumerate(urls) if f"image{i}" in done)
+        return held + answered >= sum(payload_bytes(u) for u in urls)
+
     async def image_request(c: httpx.AsyncClient, i: int) -> int:
-        url = "data:image/jpeg;base64," + base64.b64encode(images[i]).decode()
+        url = urls[i]
         r = await c.post("/chat/completions", json={"model": SIM_MODEL, "max_tokens": 1, "messages": [
             {"role": "user", "content": [{"type": "text", "text": "describe"},
                                          {"type": "image_url", "image_url": {"url": url}}]}]})
@@ -38,7 +50,7 @@ async def test_large_image_burst_does_not_stall_text_requests(servers):
         return r.status_code
 
     async def text_requests(c: httpx.AsyncClient) -> list[int]:
-        await asyncio.sleep(0.2)  # the burst is queued by now
+        await async_wait_until(lambda: burst_taken_in(c), "the image burst is queued in the gateway", 60)
         codes = []
         for i in range(5):
             r = await c.post("/chat/completions", json={"model": SIM_MODEL, "max_tokens": 1,

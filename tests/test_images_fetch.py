@@ -12,6 +12,7 @@ from aiohttp import web
 
 import image_corpus as C
 from vlm_gateway.stages.images.fetch import Fetcher, FetchError, FetchPolicy, ip_refused
+from waiting import async_wait_until
 
 JPEG = C.photo_jpeg(640, 480)
 
@@ -184,7 +185,7 @@ async def test_pool_full_is_503_with_retry_after():
     pool = BoundedPool(workers=1, max_queue=1)
     gate = threading.Event()
     jobs = [asyncio.ensure_future(pool.run(gate.wait, 5)) for _ in range(2)]
-    await asyncio.sleep(0.05)
+    await async_wait_until(lambda: pool.jobs == 2, "both jobs are submitted (one running, one waiting)")
     with pytest.raises(Unavailable) as e:
         await pool.run(lambda: None)
     assert e.value.status == 503 and e.value.headers == {"retry-after": "1"}
@@ -202,18 +203,23 @@ async def test_pool_bound_holds_while_abandoned_jobs_still_run():
     from vlm_gateway.stages.images.pool import BoundedPool
     from vlm_gateway.core.errors import Unavailable
     pool = BoundedPool(workers=1, max_queue=1, what="video")
-    gate = threading.Event()
-    jobs = [asyncio.ensure_future(pool.run(gate.wait, 5)) for _ in range(2)]
-    await asyncio.sleep(0.05)
+    gate, running = threading.Event(), threading.Event()
+
+    def job() -> None:
+        running.set()
+        gate.wait(5)
+    jobs = [asyncio.ensure_future(pool.run(job)) for _ in range(2)]
+    await async_wait_until(lambda: pool.jobs == 2 and running.is_set(), "the first job runs in the thread")
     jobs[0].cancel()   # running in the thread: keeps its place until the thread is done
-    await asyncio.sleep(0.05)
+    await async_wait_until(jobs[0].done, "the caller of the running job has given up")
+    assert jobs[0].cancelled() and pool.jobs == 2
     with pytest.raises(Unavailable) as e:
         await pool.run(lambda: None)
     assert e.value.status == 503 and e.value.code == "video_queue_full" and "video" in e.value.message
     jobs[1].cancel()   # still waiting for the thread: cancelled before it starts, its place freed
-    await asyncio.sleep(0.05)
-    assert pool.jobs == 1
+    await async_wait_until(lambda: pool.jobs < 2, "the waiting job's place is given back")
+    assert jobs[1].cancelled() and pool.jobs == 1
     gate.set()
-    await asyncio.sleep(0.1)
-    assert pool.jobs == 0 and await pool.run(lambda: 7) == 7
+    await async_wait_until(lambda: pool.jobs == 0, "the running job's place is given back once it ends")
+    assert await pool.run(lambda: 7) == 7
     pool.close()

@@ -358,7 +358,7 @@ def test_overhead_counts_from_the_first_byte_and_is_split_by_phase(servers):
 
     def slow_body():
         yield body[: len(body) // 2]
-        time.sleep(0.4)  # the client pauses mid-body: time the gateway spends receiving
+        time.sleep(0.4)  # behaviour: the client pauses mid-body: time the gateway spends receiving
         yield body[len(body) // 2:]
 
     r = httpx.post(gw.base_url + "/chat/completions", content=slow_body(), timeout=30,

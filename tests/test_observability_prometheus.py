@@ -26,6 +26,7 @@ from images import data_uri, image_bytes
 import image_corpus as corpus
 import video_corpus
 from test_security_support import RedisServer
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "grafana"))
@@ -67,7 +68,21 @@ def _query(prom: str, expr: str) -> list[dict]:
     return body["data"]["result"]
 
 
-def _load(gw_url: str, sims) -> int:
+def _scrapes_since(prom: str, t: float) -> int:
+    """Scrapes since ``t`` (this machine's wall clock, which Prometheus reads too) of the
+    target scraped least."""
+    window_ms = max(1, int((time.time() - t) * 1000))
+    res = _query(prom, f"min(count_over_time(up[{window_ms}ms]))")
+    return int(float(res[0]["value"][1])) if res else 0
+
+
+def _scraped(prom: str, n: int, what: str) -> None:
+    t = time.time()
+    wait_until(lambda: _scrapes_since(prom, t) >= n, f"{n} scrape(s) of every target {what}", timeout=20,
+               every=0.25)
+
+
+def _load(gw_url: str, sims, prom: str) -> int:
     """A short mixed load; returns how many completion requests it sent."""
     client = openai.OpenAI(base_url=gw_url + "/v1", api_key=KEY, max_retries=0)
     big = data_uri(image_bytes(1600, 1200, (30, 140, 90)))  # rewritten down to the 768 px budget
@@ -126,7 +141,7 @@ def _load(gw_url: str, sims) -> int:
         client.chat.completions.create(model=SIM_MODEL, max_tokens=2, temperature=0.9,
                                        messages=[{"role": "user", "content": f"retry {rnd}"}])
         sent += 1
-        time.sleep(1.2)  # spread the load over several scrapes
+        _scraped(prom, 1, "after the round")  # the load spreads over several scrapes
     return sent
 
 
@@ -148,7 +163,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(servers, tmp_
             time.sleep(0.25)
         assert len(_query(prom, "up == 1")) == 3, _query(prom, "up")
 
-        sent = _load(gw.url, sims)
+        sent = _load(gw.url, sims, prom)
 
         deadline = time.time() + 20
         seen = 0.0
@@ -159,7 +174,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(servers, tmp_
                 break
             time.sleep(0.25)
         assert seen == sent, f"Prometheus saw {seen} requests, the load sent {sent}"
-        time.sleep(2.5)  # a few more scrapes after the last increase
+        _scraped(prom, 2, "after the last increase")
 
         problems = []
         queries = build_dashboard.queries(json.loads((ROOT / "grafana/dashboards/vlm-gateway.json").read_text()))

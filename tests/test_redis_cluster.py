@@ -21,6 +21,7 @@ from conftest import SIM_MODEL, until
 from images import image_part
 from redis_cluster import LocalCluster
 from test_security_support import sha
+from waiting import async_wait_until, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None or shutil.which("redis-cli") is None,
                                 reason="redis-server and redis-cli are required")
@@ -231,9 +232,9 @@ def test_admin_flush_empties_the_caches_on_every_primary(env):
     assert ask(ca, q).headers["x-vlm-gateway-cache"] == "miss"
 
 
-async def _load(env, stop: asyncio.Event, key: str) -> list:
-    """Requests through both gateways until ``stop``; every outcome (status or error)."""
-    out: list = []
+async def _load(env, stop: asyncio.Event, key: str, out: list) -> list:
+    """Requests through both gateways until ``stop``; every outcome (status or error),
+    appended to ``out`` as it comes."""
     images = [image_part(300, 200, color=(i * 20, 90, 9)) for i in range(8)]
     pools = [openai.AsyncOpenAI(base_url=gw.base_url, api_key=key, max_retries=0, timeout=30)
              for gw in (env["a"], env["b"])]
@@ -258,6 +259,12 @@ async def _load(env, stop: asyncio.Event, key: str) -> list:
     return out
 
 
+def _limits_on_redis(gw) -> bool:
+    """The gateway's rate limiter has not failed, or last said that Redis answers again."""
+    out = gw.output()
+    return out.rfind("rate limits: Redis answers again") >= out.rfind("rate limits: Redis failed")
+
+
 async def _take_away_and_recover(env, primary: int, how: str) -> None:
     """Take ``primary`` away under load (``kill``: the process dies and its port refuses;
     ``pause``: SIGSTOP, a host that stops answering without refusing), then check
@@ -267,11 +274,15 @@ async def _take_away_and_recover(env, primary: int, how: str) -> None:
     replica = cluster.replica_of(primary)
     fallbacks = metric(env["a"], "vlm_gateway_ratelimit_redis_failures_total")
     stop = asyncio.Event()
-    task = asyncio.create_task(_load(env, stop, KEYS[f"load@{primary}"]))
-    await asyncio.sleep(1.5)
+    outcomes: list = []
+    task = asyncio.create_task(_load(env, stop, KEYS[f"load@{primary}"], outcomes))
+    await async_wait_until(lambda: len(outcomes) >= 40, "the load is under way (40 answers)", 30)
     (cluster.kill if how == "kill" else cluster.pause)(primary)
     promoted_after = await asyncio.get_running_loop().run_in_executor(None, cluster.wait_promoted, replica)
-    await asyncio.sleep(2.0)
+    # the load goes on until both gateways' rate limiters have found the promoted replica
+    n = len(outcomes)
+    await async_wait_until(lambda: len(outcomes) >= n + 40 and _limits_on_redis(env["a"]) and
+                           _limits_on_redis(env["b"]), "40 more answers, and rate limits back on Redis", 30, 0.2)
     stop.set()
     statuses = await asyncio.wait_for(task, 60)
     if not statuses or any(s != 200 for s in statuses):
@@ -281,7 +292,12 @@ async def _take_away_and_recover(env, primary: int, how: str) -> None:
     assert promoted_after < 10
 
     # recovered: limits are global again on the promoted replica's slots ...
-    await asyncio.sleep(1.5)  # past the rate limiter's retry interval
+    def back_on_redis() -> bool:
+        # a request through each gateway calls Redis once its back-off is over
+        for gw in (env["a"], env["b"]):
+            ask(client(gw, KEYS[f"load@{primary}"]), "probe")
+        return _limits_on_redis(env["a"]) and _limits_on_redis(env["b"])
+    await asyncio.to_thread(wait_until, back_on_redis, "both rate limiters are back on Redis", 15, 0.2)
     ca, cb = client(env["a"], KEYS[f"after@{primary}"]), client(env["b"], KEYS[f"after@{primary}"])
     for i in range(4):
         assert ask(ca if i % 2 else cb, "x").http_response.status_code == 200

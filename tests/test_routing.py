@@ -9,7 +9,6 @@ import base64
 import concurrent.futures as cf
 import io
 import threading
-import time
 
 import httpx
 import openai
@@ -17,6 +16,7 @@ import pytest
 from PIL import Image
 
 from conftest import SIM_MODEL
+from waiting import wait_until
 
 
 def sim_profile(name: str) -> str:
@@ -62,14 +62,6 @@ def gateway_metric(gw, name: str, **labels) -> float:
         if all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total
-
-
-def wait_for(cond, timeout: float = 10.0) -> None:
-    """Poll ``cond`` until it holds (the synchronisation point; no fixed sleep)."""
-    deadline = time.time() + timeout
-    while not cond():
-        assert time.time() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def sim_images_seen(sim) -> list[int]:
@@ -183,7 +175,8 @@ def test_killing_a_simulator_mid_test_loses_no_request(servers, engine):
     with cf.ThreadPoolExecutor(24) as ex:
         futs = [ex.submit(one, i) for i in range(24)]
         # kill once every request is in flight (20 tokens at 40/s = 0.5 s each)
-        wait_for(lambda: gateway_metric(gw, "vlm_gateway_backend_inflight") >= 24 or any(f.done() for f in futs))
+        wait_until(lambda: gateway_metric(gw, "vlm_gateway_backend_inflight") >= 24 or any(f.done() for f in futs),
+                   "24 requests in flight (or one already answered)", every=0.02)
         sims[1].kill()
         for f in futs:
             f.result(timeout=30)
@@ -212,26 +205,17 @@ def test_ejected_backend_comes_back_after_recovery(servers):
     assert gateway_metric(gw, "vlm_gateway_backend_circuit_state", backend="sim0", state="closed") == 0
     assert gateway_metric(gw, "vlm_gateway_retries_total", reason="upstream_5xx") >= 2
     sims[0].sim_faults(fail_next=0)  # it recovers: half-open after the back-off, closed on success
-    deadline = time.time() + 10
-    got = set()
-    while time.time() < deadline and "sim0" not in got:
-        got.add(chat(c, [{"role": "user", "content": "again"}])[1])
-        time.sleep(0.05)
-    assert "sim0" in got
+    wait_until(lambda: chat(c, [{"role": "user", "content": "again"}])[1] == "sim0", "a request goes to sim0 again")
     assert gateway_metric(gw, "vlm_gateway_backend_circuit_state", backend="sim0", state="closed") == 1
 
     # killed outright: probes mark it down; restarted on its port, it is used again
     port = sims[0].port
     sims[0].kill()
-    wait_for(lambda: gateway_metric(gw, "vlm_gateway_backend_circuit_state", backend="sim0", state="down") == 1)
+    wait_until(lambda: gateway_metric(gw, "vlm_gateway_backend_circuit_state", backend="sim0", state="down") == 1,
+               "sim0's circuit shows down", every=0.02)
     assert {chat(c, [{"role": "user", "content": f"d{i}"}])[1] for i in range(4)} == {"sim1"}
     servers.sim(profile="fast", port=port)
-    deadline = time.time() + 10
-    got = set()
-    while time.time() < deadline and "sim0" not in got:
-        got.add(chat(c, [{"role": "user", "content": "back"}])[1])
-        time.sleep(0.05)
-    assert "sim0" in got
+    wait_until(lambda: chat(c, [{"role": "user", "content": "back"}])[1] == "sim0", "the restarted sim0 is used again")
 
 
 # -- admission -------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ import pytest
 
 from conftest import SIM_MODEL, until
 from test_routing import chat, client, gateway_metric
+from vlm_gateway.backends.sim.trtllm import WAIT_S
+from waiting import wait_until
 
 
 def _outside_load(sim, stop: threading.Event, workers: int = 6) -> list[threading.Thread]:
@@ -85,7 +87,10 @@ def test_1_2_engine_routes_on_in_flight_counts_while_busy_and_reports_once_idle(
     stop = threading.Event()
     threads = _outside_load(sims[0], stop)
     try:
-        time.sleep(3.0)     # the outside load has run for longer than the JSON endpoint's 2 s wait
+        wait_until(lambda: sims[0].sim_stats()["running"] >= 3, "the outside load runs on sim0")
+        # the engine stays busy for longer than the JSON endpoint's idle wait (2 s): an endpoint
+        # that answered anyway would have shown the gateway the outside load by now
+        time.sleep(WAIT_S + 0.5)  # behaviour: an engine busy past WAIT_S
         t0 = time.monotonic()
         placed = [chat(c, [{"role": "user", "content": f"mine {i}"}], max_tokens=2)[1] for i in range(10)]
         took = time.monotonic() - t0

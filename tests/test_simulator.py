@@ -17,6 +17,7 @@ import pytest
 
 from vlm_gateway.backends.sim.profiles import get_profile, profile_names
 from vlm_gateway.backends.sim.workload import make_jpeg
+from waiting import wait_until
 
 MODEL = "qwen3vl-sim"
 
@@ -227,7 +228,7 @@ def test_trtllm_iteration_statistics_wait_while_the_engine_is_busy(module_server
 
     th = threading.Thread(target=run)
     th.start()
-    time.sleep(0.3)
+    wait_until(lambda: trt.sim_stats()["running"] == 1, "the long request is running in the engine")
     stats = httpx.get(trt.url + "/metrics", timeout=15).json()
     end = time.monotonic()
     th.join()
@@ -262,9 +263,14 @@ def test_faults(fast_sim, client):
     assert time.perf_counter() - t >= 0.3
 
     fast_sim.sim_faults(refuse_connections=0.6)
-    time.sleep(0.2)
-    with pytest.raises(httpx.ConnectError):
-        httpx.get(fast_sim.url + "/health", timeout=1)
+
+    def refused() -> bool:
+        try:
+            httpx.get(fast_sim.url + "/health", timeout=1)
+        except httpx.ConnectError:
+            return True
+        return False
+    wait_until(refused, "the simulator refuses connections", timeout=0.6)
     deadline = time.time() + 5
     while time.time() < deadline:
         try:

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from conftest import SIM_MODEL
+from waiting import wait_until
 
 
 def _read_pid(path: Path) -> int:
@@ -149,13 +150,17 @@ def test_keep_alive_connections_even_out_over_the_workers(servers, tmp_path):
                 socks[i] = socket.create_connection(("127.0.0.1", gw.port))
         return closed
 
+    def all_accepted() -> bool:
+        # every client connection is held by a worker, and no closed one is still counted
+        return sum(_worker_connections(gw.port, pids)) == len(socks)
+
     try:
         for _ in range(12):
             if one_round() == 0:
                 break
-        time.sleep(0.2)
+        wait_until(all_accepted, "the workers hold the 32 connections and no more")
         assert one_round() == 0  # balanced: nothing more to close
-        time.sleep(0.2)
+        wait_until(all_accepted, "the workers hold the 32 connections and no more")
         assert _worker_connections(gw.port, pids) == [8, 8, 8, 8]
         text = httpx.get(gw.url + "/metrics").text
         assert 'vlm_gateway_client_connections_closed_total{reason="rebalance"}' in text

@@ -18,12 +18,15 @@ import orjson
 
 
 class ManualClock:
-    """A clock the test moves: ``clock()`` reads it, ``advance(s)`` moves it."""
+    """A clock the test moves: ``clock()`` reads it, ``advance(s)`` moves it; ``reads``
+    counts the readings, so a test can wait until a loop on the clock has looked again."""
 
     def __init__(self, start: float = 1000.0) -> None:
         self.now = start
+        self.reads = 0
 
     def __call__(self) -> float:
+        self.reads += 1
         return self.now
 
     def advance(self, s: float) -> None:

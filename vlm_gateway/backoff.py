@@ -7,6 +7,7 @@ L3 answers, the semantic index's stream, rate limits):
 
 so a dead Redis costs one failed call per ``retry_s`` and never one per request. One
 warning per outage (when it goes down), naming the part; ``failures`` counts them all.
+A tier that reports its successful calls (``succeeded``) also logs the outage's end, once.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ RETRY_S = 1.0
 
 
 class Backoff:
-    __slots__ = ("what", "retry_s", "clock", "down_until", "failures")
+    __slots__ = ("what", "retry_s", "clock", "down_until", "failures", "outage")
 
     def __init__(self, what: str, retry_s: float = RETRY_S, clock: Clock = monotonic) -> None:
         self.what = what          # e.g. "L3 cache", for the log line
@@ -29,6 +30,7 @@ class Backoff:
         self.clock = clock
         self.down_until = 0.0
         self.failures = 0
+        self.outage = False       # failed since the last call that went through
 
     def up(self) -> bool:
         return self.clock() >= self.down_until
@@ -39,3 +41,10 @@ class Backoff:
             log.warning("%s: Redis failed (%s); %s for %.1fs", self.what, type(e).__name__, fallback,
                         self.retry_s)
         self.down_until = self.clock() + self.retry_s
+        self.outage = True
+
+    def succeeded(self) -> None:
+        """A call went through: an outage, if one was on, is over (said once)."""
+        if self.outage:
+            self.outage = False
+            log.warning("%s: Redis answers again", self.what)

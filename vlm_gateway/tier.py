@@ -156,9 +156,11 @@ class Tier(Generic[V]):
                 async with asyncio.timeout(max(self.timeout_s, MAKE_S)):
                     await self.redis.resolve()
             async with asyncio.timeout(self.timeout_s):
-                return await fn(*args, **kw)
+                out = await fn(*args, **kw)
         except asyncio.CancelledError:
             raise  # the caller's own cancellation, not a Redis failure
         except Exception as e:  # noqa: BLE001 - timeout, refused, reset, protocol error: a miss
             self.backoff.failed(e, FALLBACK)
             return None
+        self.backoff.succeeded()
+        return out

@@ -5,7 +5,7 @@
     watch  the same with watch=1, resourceVersion, allowWatchBookmarks,
            timeoutSeconds=WATCH_TIMEOUT_S                                    -> SliceSet.apply
            a watch that ends is resumed from the last resourceVersion; 410 Gone (history
-           compacted) relists; other errors back off (1 s doubling to 30 s) and relist,
+           compacted) relists; other errors back off (BACKOFF_S doubling to MAX_BACKOFF_S) and relist,
            the last published list standing meanwhile
     pods   GET /api/v1/namespaces/NS/pods/NAME of each endpoint's targetRef (cached by uid):
            ``vlm-gateway.io/profile`` and ``vlm-gateway.io/engine`` from an annotation or a
@@ -32,6 +32,7 @@ from .source import Discovery, Publish, Target, hostport, target
 log = logging.getLogger("vlm_gateway.discovery")
 
 WATCH_TIMEOUT_S = 300
+BACKOFF_S, MAX_BACKOFF_S = 1.0, 30.0
 KEY = "vlm-gateway.io/"
 ENGINES = ("vllm", "trtllm", "sim", "openai")
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -62,8 +63,9 @@ def pod_overrides(labels: dict | None, annotations: dict | None) -> dict:
 
 
 class KubernetesDiscovery(Discovery):
-    def __init__(self, entry) -> None:
+    def __init__(self, entry, backoff_s: float = BACKOFF_S) -> None:
         self.entry = entry
+        self.backoff_s = backoff_s  # the first retry's wait after an API error
         self.namespace = entry.namespace or own_namespace()
         self.label = f"kubernetes:{self.namespace}/{entry.service}"
         self.slices = SliceSet(entry.port_name)
@@ -92,14 +94,14 @@ class KubernetesDiscovery(Discovery):
         try:
             disc, core = client.DiscoveryV1Api(api_client), client.CoreV1Api(api_client)
             selector = f"kubernetes.io/service-name={self.entry.service}"
-            backoff = 1.0
+            backoff = self.backoff_s
             while True:
                 try:
                     lst = await disc.list_namespaced_endpoint_slice(self.namespace, label_selector=selector)
                     raw = api_client.sanitize_for_serialization(lst)
                     self.slices.reset(raw.get("items") or [], (raw.get("metadata") or {}).get("resourceVersion", ""))
                     await self._publish(core, publish)
-                    backoff = 1.0
+                    backoff = self.backoff_s
                     while True:   # one watch per round; resumed from the last resourceVersion
                         async with watch.Watch().stream(
                                 disc.list_namespaced_endpoint_slice, self.namespace, label_selector=selector,
@@ -118,13 +120,13 @@ class KubernetesDiscovery(Discovery):
                 else:
                     continue
                 await asyncio.sleep(backoff)
-                backoff = min(30.0, backoff * 2)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
         finally:
             await api_client.close()
 
     def _failed(self, why: str, backoff: float) -> None:
         metrics.DISCOVERY_ERRORS.labels(self.label).inc()
-        log.warning("discovery %s: %s; keeping %d backend(s), retrying in %.0f s", self.label, why,
+        log.warning("discovery %s: %s; keeping %d backend(s), retrying in %g s", self.label, why,
                     len(self._last or []), backoff)
 
     async def _pod(self, core, ep: Endpoint) -> dict:

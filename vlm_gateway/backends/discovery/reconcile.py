@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from ... import metrics
+from ...core.clock import Clock
 from ..backend import Backend
 from ..profiles import load_profiles
 from . import build
@@ -37,7 +37,8 @@ DRAIN_POLL_S = 0.05
 
 
 class Reconciler:
-    def __init__(self, cfg: "GatewayConfig", pool: "Pool", sources: list[Discovery] | None = None) -> None:
+    def __init__(self, cfg: "GatewayConfig", pool: "Pool", sources: list[Discovery] | None = None,
+                 clock: Clock | None = None) -> None:
         self.cfg = cfg
         self.pool = pool
         self.profiles = load_profiles(cfg.profiles)
@@ -45,6 +46,7 @@ class Reconciler:
             sources = [build(e) for e in cfg.discovery]
         self.sources = sources
         self.drain_timeouts = [e.drain_timeout_s for e in cfg.discovery]
+        self.clock = clock or pool.clock  # the drain timeouts run on it
         self._lists: dict[int, list[Target]] = {}
         self._static = {b.name for b in pool.backends}
         # discovered backends now in the pool, by name, with the target they were built from
@@ -143,8 +145,8 @@ class Reconciler:
 
     async def _drain(self, name: str, b: Backend, i: int) -> None:
         timeout = self.drain_timeouts[i] if i < len(self.drain_timeouts) else 900.0
-        deadline = time.monotonic() + timeout
-        while b.inflight > 0 and time.monotonic() < deadline:
+        deadline = self.clock() + timeout
+        while b.inflight > 0 and self.clock() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
         if b.inflight > 0:
             log.warning("discovery: backend %s still had %d request(s) after the drain timeout; closing it",

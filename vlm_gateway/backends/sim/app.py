@@ -18,7 +18,8 @@ Test-only endpoints under ``/sim/``:
 - ``GET /sim/prompts``: per request what the simulator made of it (prompt and
   cached tokens, each image's size, visual tokens and sha256);
 - ``GET /sim/stats``: running / waiting / preprocessing / finished / aborted /
-  received counters, prefix-cache counters and KV usage;
+  received counters, prefix-cache counters and KV usage, ``health_checks`` (GET /health
+  answered: a gateway's probe rounds);
 - ``POST /sim/faults``: arm fault modes, JSON object of:
   ``fail_next`` (count) + ``fail_status`` (500, 503, ...): answer with an error;
   ``stall_next`` (count) + ``stall_s``: wait that long before the first token;
@@ -108,6 +109,7 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
     images like a perfect locator in it; empty = filler text."""
     received: deque = deque()
     received_bytes = [0]
+    health_checks = [0]
     prompts: deque = deque(maxlen=keep_requests)
     faults: dict = {"fail_next": 0, "fail_status": 500, "stall_s": 0.0, "stall_next": 0,
                     "die_mid_stream": 0, "malformed_next": 0, "html_next": 0, "refuse_connections": 0}
@@ -276,6 +278,7 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
                                                   "max_model_len": max_len}]})
 
     async def health(request: Request) -> Response:
+        health_checks[0] += 1
         return Response(b"", status_code=200)
 
     async def metrics(request: Request) -> Response:
@@ -323,7 +326,7 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
                       "max_model_len": p.max_model_len, "kv_capacity_tokens": p.kv_capacity_tokens})
 
     async def sim_stats(request: Request) -> Response:
-        return _json(engine.stats())
+        return _json({**engine.stats(), "health_checks": health_checks[0]})
 
     async def sim_faults(request: Request) -> Response:
         try:
@@ -336,6 +339,7 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
         if upd.get("reset"):
             received.clear()
             received_bytes[0] = 0
+            health_checks[0] = 0
             prompts.clear()
             engine.reset_stats()
         if upd.get("reset_cache"):

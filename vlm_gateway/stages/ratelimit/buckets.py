@@ -174,12 +174,14 @@ class RedisStore:
         if not self.up:
             raise RedisUnavailable
         try:
-            return await coro_fn()
+            out = await coro_fn()
         # RedisClusterException (a cluster without a node for a slot) is no RedisError
         except (rexc.RedisError, rexc.RedisClusterException, OSError, TimeoutError) as e:
             self.backoff.failed(e, "using in-process limits")
             metrics.RATELIMIT_FALLBACKS.inc()
             raise RedisUnavailable from None
+        self.backoff.succeeded()
+        return out
 
     async def take(self, checks: list[Check]) -> Outcome:
         args: list = []
