@@ -12,9 +12,11 @@ from __future__ import annotations
 import base64
 import io
 import re
+import socket
 
 import httpx
 import openai
+
 import pytest
 from PIL import Image
 
@@ -256,6 +258,13 @@ def env2(module_servers):
     }
     backends = [{"url": s.base_url, "name": name, "engine": "sim", "models": [name],
                  **({"profile": "small"} if name == "qwen3vl-small" else {})} for name, s in sims.items()]
+    # a second, uncapped backend for qwen3vl-small that never answers: the model's backends
+    # differ in their image cap, so the 512 px cap is known only once a backend is chosen
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead = closed.getsockname()[1]
+    backends.append({"url": f"http://127.0.0.1:{dead}/v1", "name": "small-uncapped-down", "engine": "vllm",
+                     "models": ["qwen3vl-small"]})
     gw = module_servers.gateway({
         "backends": backends,
         "profiles": {"small": {"base": "l4", "image_max_long_side": 512}},
@@ -323,9 +332,9 @@ def test_cache_hit_is_in_the_frame_of_the_client_that_receives_it(env2):
 
 
 def test_cache_does_not_store_an_answer_whose_frame_changed_after_the_lookup(env2):
-    """The backend's profile caps images at 512 px: with mapping off the answer is in that
-    512 px frame, not the 768 px one the key was built with, so it is not stored; mapped
-    answers (client frame) are."""
+    """The answering backend's profile caps images at 512 px, the model's other backend does
+    not: with mapping off the answer is in that 512 px frame, not the 768 px one the key was
+    built with, so it is not stored; mapped answers (client frame) are."""
     sims, gw = env2
     msgs = [image_msg("Box every marker. (cap)", [0])]
     for _ in range(2):

@@ -11,15 +11,7 @@ import pytest
 
 from vlm_gateway.core.errors import Unavailable
 from vlm_gateway.stages.images.pool import BoundedPool
-
-
-async def until(pred, what: str, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        await asyncio.sleep(0.001)
+from waiting import async_wait_until as until
 
 
 async def test_a_queue_older_than_max_wait_refuses_new_jobs_until_it_moves():

@@ -101,7 +101,7 @@ class ProfileFilter:
             return (f"{len(videos)} video{'s' if len(videos) != 1 else ''} exceed the {max_videos}-video limit of "
                     f"backend {b.name} ({p.get('name', 'profile')})")
         long_side, factor, min_px, max_px = self._budget(req)
-        prof_long = int(p.get("image_max_long_side") or 0)
+        prof_long = b.image_cap
         prof_px = int(p.get("image_max_pixels") or 0)
         rewrite = self.images.enabled
         if prof_long:

@@ -67,6 +67,12 @@ class Backend:
         return int(self.profile.get("max_num_seqs") or 0)
 
     @property
+    def image_cap(self) -> int:
+        """The profile's hard limit on an image's long side (0 = none)."""
+        cap = self.profile.get("image_max_long_side")
+        return int(cap) if isinstance(cap, (int, float)) and cap > 0 else 0
+
+    @property
     def available(self) -> bool:
         return self.healthy and not self.drained and not self.departing and self.breaker.is_available()
 

@@ -60,12 +60,6 @@ STATES = ("closed", "open", "half_open", "down")
 PROBE_MAX_BYTES = 1 << 20
 
 
-def image_cap(profile: dict | None) -> int:
-    """A profile's hard limit on an image's long side (0: none)."""
-    cap = (profile or {}).get("image_max_long_side")
-    return int(cap) if isinstance(cap, (int, float)) and cap > 0 else 0
-
-
 async def _read_small(r: aiohttp.ClientResponse) -> bytes:
     data = await r.content.read(PROBE_MAX_BYTES + 1)
     while len(data) <= PROBE_MAX_BYTES and not r.content.at_eof():
@@ -262,7 +256,7 @@ class Pool:
     def image_cap(self, model: str) -> int | None:
         """The ``image_max_long_side`` all backends serving ``model`` share (0: no cap), None
         when they differ or none serves it: the image stage then caps per chosen backend."""
-        caps = {image_cap(b.profile) for b in self.serving(model)}
+        caps = {b.image_cap for b in self.serving(model)}
         return caps.pop() if len(caps) == 1 else None
 
     def candidates(self, req: "ChatRequest", exclude: set[Backend] = frozenset()) -> list[Backend]:

@@ -142,10 +142,10 @@ async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: 
     except GatewayError:
         backend = None
     info["backend"] = backend.name if backend is not None else None
-    cap = (backend.profile or {}).get("image_max_long_side") if backend is not None else None
-    if plan is not None and plan.policies and isinstance(cap, (int, float)) and cap > 0:
+    cap = backend.image_cap if backend is not None else 0
+    if plan is not None and plan.policies and cap:
         pol = plan.policies[0]
-        capped = pol.capped(int(cap))
+        capped = pol.capped(cap)
         if capped != pol:
             r, _ = await rewriter.rewritten(image, plan.sources[0], capped)
             info["tokens_after"] = r.tokens_after

@@ -228,8 +228,7 @@ class ImageRewriter(Stage):
 
     async def before_send(self, req: "ChatRequest", backend: "Backend") -> None:
         plan = req.state[PLAN]
-        cap = (backend.profile or {}).get("image_max_long_side")
-        cap = int(cap) if isinstance(cap, (int, float)) and cap > 0 else None
+        cap = backend.image_cap or None
         chosen = []
         outcomes = []
         for part, src, pol, (r, outcome) in zip(req.images, plan.sources, plan.policies, plan.results):
