@@ -57,9 +57,6 @@ class BoundedPool:
         self._seq = itertools.count()
         self._ex = ThreadPoolExecutor(self.workers, thread_name_prefix=f"vlmgw-{what[:5]}")
 
-    def _done(self, _: Future) -> None:
-        self.jobs -= 1
-
     def oldest_wait_s(self) -> float:
         """How long the oldest job still waiting for a thread has waited (0: none waits)."""
         for t in self.waiting.values():
@@ -101,13 +98,13 @@ class BoundedPool:
 
     def _release(self, loop: asyncio.AbstractEventLoop, f: Future, seq: int) -> None:
         try:
-            loop.call_soon_threadsafe(self._finished, f, seq)
+            loop.call_soon_threadsafe(self._finished, seq)
         except RuntimeError:  # the loop is closed (shutdown): nobody counts any more
             pass
 
-    def _finished(self, f: Future, seq: int) -> None:
+    def _finished(self, seq: int) -> None:
         self.waiting.pop(seq, None)  # cancelled before it started
-        self._done(f)
+        self.jobs -= 1
 
     def close(self) -> None:
         self._ex.shutdown(wait=False, cancel_futures=True)
