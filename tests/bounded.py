@@ -1,6 +1,6 @@
 """Run image cases under hard resource bounds, one forked child per case.
 
-    python tests/bounded.py [--as-mb 1024] [--cpu-s 10] [NAME ...]
+    python tests/bounded.py [--as-mb 1024] [--cpu-s 10] [--control] [NAME ...]
 
 Builds the hostile corpus (``corpus.hostile()``) in this process, then forks one
 child per case with ``RLIMIT_AS`` (address space above what this process already
@@ -106,12 +106,20 @@ def main() -> None:
     ap.add_argument("--as-mb", type=int, default=1024)
     ap.add_argument("--cpu-s", type=int, default=10)
     ap.add_argument("--max-pixels", type=int, default=64_000_000)
+    ap.add_argument("--control", action="store_true",
+                    help="run only a legitimate 48 MP PNG, to show the harness sees a real allocation")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
     import image_corpus as C
     from vlm_gateway.stages.images.rewrite import rewrite_bytes
     rewrite_bytes(C.photo_jpeg(64, 64))  # warm the imports and plugins before forking
-    for name, (data, codes) in C.hostile().items():
+    if a.control:
+        from PIL import Image
+        cases = {"control-48mp-png": (C.save(Image.new("RGB", (8000, 6000), (10, 20, 30)), "PNG"),
+                                      {"accepted"})}
+    else:
+        cases = C.hostile()
+    for name, (data, codes) in cases.items():
         if a.names and name not in a.names:
             continue
         out = {"name": name, "bytes": len(data), "expected": sorted(codes),

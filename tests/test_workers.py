@@ -27,6 +27,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _fd_targets(pid: int) -> list[str]:
+    """What a live process's descriptors point at; one closed between the listing and the
+    read (a worker's client connection ending) is simply gone."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:
+            pass
+    return out
+
+
 def test_workers_each_listen_restart_and_keep_pid_files(servers, tmp_path):
     pid_dir = tmp_path / "run"
     sim = servers.sim()
@@ -37,9 +49,7 @@ def test_workers_each_listen_restart_and_keep_pid_files(servers, tmp_path):
     assert len(set(pids)) == 3 and all(_alive(p) for p in pids)
     # each worker has a listening socket of its own on the port (SO_REUSEPORT group)
     for p in pids:
-        fds = os.listdir(f"/proc/{p}/fd")
-        socks = {os.readlink(f"/proc/{p}/fd/{fd}") for fd in fds if os.readlink(f"/proc/{p}/fd/{fd}").startswith("socket:")}
-        inodes = {s[8:-1] for s in socks}
+        inodes = {s[8:-1] for s in _fd_targets(p) if s.startswith("socket:")}
         listening = [line.split() for line in open("/proc/net/tcp").read().splitlines()[1:]]
         ours = [f for f in listening if int(f[1].split(":")[1], 16) == gw.port and f[3] == "0A" and f[9] in inodes]
         assert len(ours) == 1, f"worker {p} listens on {len(ours)} sockets of the port"
