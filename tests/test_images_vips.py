@@ -55,6 +55,26 @@ def test_rewrite_same_output_size_and_close_pixels(pillow_only):
     assert 10 * np.log10(255 ** 2 / mse) > 35  # the same kernel family: only rounding differs
 
 
+def test_resize_reads_the_decode_in_place_and_equals_crop_then_resize():
+    data = C.screenshot_png(1000, 700, (100, 50))
+    im = decode_opened(open_checked(data, "png", 64_000_000)).image
+    assert im.readonly and getattr(im, "_vips_pixels", None) is not None  # the decode's buffer, no copy
+    box = (37, 21, 951, 660)
+    for b in (None, box):
+        ours = np.asarray(vips.resize(im, (400, 288), "bicubic", b))
+        copy = Image.frombytes(im.mode, im.size, im.tobytes())  # no decode buffer: the copy path
+        ref = np.asarray(vips.resize(copy.crop(b) if b else copy, (400, 288), "bicubic"))
+        assert ours.shape == ref.shape == (288, 400, 3) and np.array_equal(ours, ref)
+
+
+def test_an_image_changed_in_place_is_not_read_from_the_stale_decode_buffer():
+    data = C.screenshot_png(640, 480, (100, 50))
+    im = decode_opened(open_checked(data, "png", 64_000_000)).image
+    im.paste((255, 0, 0, 255), (0, 0, 640, 480))  # Pillow copies a read-only image first
+    out = np.asarray(vips.resize(im, (320, 240), "bicubic"))
+    assert (out == (255, 0, 0)).all()
+
+
 def test_hostile_corpus_same_outcome_with_and_without_libvips(pillow_only):
     def outcome(data: bytes):
         try:

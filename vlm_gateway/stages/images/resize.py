@@ -25,18 +25,25 @@ def reduce_factor(size: tuple[int, int], target: tuple[int, int], gap: float = 2
     return k if k >= 2 else 1
 
 
-def final_filter(im: Image.Image, target: tuple[int, int], resample: str = "bicubic") -> Image.Image:
-    if im.size == target:
+def final_filter(im: Image.Image, target: tuple[int, int], resample: str = "bicubic",
+                 box: tuple[int, int, int, int] | None = None) -> Image.Image:
+    """``im`` (or its ``box``) resized to exactly ``target``; libvips reads the box in place,
+    not cropped into a copy first."""
+    if box is not None and box == (0, 0, *im.size):
+        box = None
+    if box is None and im.size == target:
         return im
     if vips.VIPS and im.mode in vips.BANDS:
-        return vips.resize(im, target, resample)
-    return im.resize(target, FILTERS.get(resample, Image.Resampling.BICUBIC))
+        return vips.resize(im, target, resample, box)
+    # cropped first: Pillow's resize(box=) would read past the box's edges
+    return (im.crop(box) if box else im).resize(target, FILTERS.get(resample, Image.Resampling.BICUBIC))
 
 
-def downscale(im: Image.Image, target: tuple[int, int], resample: str = "bicubic", gap: float = 2.0) -> Image.Image:
-    if im.size == target:
-        return im
-    k = reduce_factor(im.size, target, gap)
+def downscale(im: Image.Image, target: tuple[int, int], resample: str = "bicubic", gap: float = 2.0,
+              box: tuple[int, int, int, int] | None = None) -> Image.Image:
+    """``im`` (or its ``box``: the content inside trimmed borders) on ``target``."""
+    size = (box[2] - box[0], box[3] - box[1]) if box else im.size
+    k = reduce_factor(size, target, gap)
     if k >= 2:
-        im = im.reduce(k)
-    return final_filter(im, target, resample)
+        im, box = (im.reduce(k, box=box) if box else im.reduce(k)), None
+    return final_filter(im, target, resample, box)

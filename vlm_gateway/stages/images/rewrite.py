@@ -169,12 +169,8 @@ def rewrite(data: bytes, header: Header, policy: Policy,
             fbox = (round(view[2] / view[0] * full.width), round(view[3] / view[1] * full.height),
                     round(view[4] / view[0] * full.width), round(view[5] / view[1] * full.height))
         fw, fh = (fbox[2] - fbox[0], fbox[3] - fbox[1]) if fbox else full.size
-    k = reduce_factor((fw, fh), target, gap)
-    if k >= 2:
-        im = full.reduce(k, box=fbox) if fbox else full.reduce(k)
-    else:
-        im = full.crop(fbox) if fbox else full
-    im = vips.rgb(downscale(im, target, policy.resample, gap))  # RGB after the reduction: less to convert
+    # RGB after the reduction: less to convert
+    im = vips.rgb(downscale(full, target, policy.resample, gap, tuple(map(int, fbox)) if fbox else None))
     out, mime = encode(im, policy.jpeg_quality)
     return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
                      len(data), before, tokens(im.width, im.height, policy), trimmed, time.perf_counter() - t0,
