@@ -50,6 +50,21 @@ def test_deterministic_output():
     assert rewrite_bytes(s).data == rewrite_bytes(s).data
 
 
+def test_the_trims_reduction_is_the_resizes_when_their_factor_is_the_same(monkeypatch):
+    """A 1080p photo under the default budget: the box reduction made for the border search
+    is the one the resize starts from (one full-size reduction, not two), and the output is
+    what a resize from the full decode gives (the PSNR test above holds it to the reference)."""
+    src = C.photo_jpeg(1920, 1080)
+    calls = []
+    real = Image.Image.reduce
+    monkeypatch.setattr(Image.Image, "reduce", lambda im, *a, **k: calls.append(im.size) or real(im, *a, **k))
+    r = rewrite_bytes(src)
+    assert (r.width, r.height) == (768, 448) and calls == [(1920, 1080)]
+    monkeypatch.setattr(Image.Image, "reduce", real)
+    full = np.asarray(Image.open(io.BytesIO(src)).convert("RGB"))
+    assert psnr(np.asarray(out_image(r).convert("RGB")), lanczos_reference(full, r.width, r.height)) >= 31.0
+
+
 def test_small_image_passes_through_untouched():
     src = C.photo_jpeg(500, 300)
     r = rewrite_bytes(src)

@@ -22,7 +22,7 @@ from .legibility import estimate
 from .policy import Policy
 from .pressure import long_side as pressed
 from . import vips
-from .resize import downscale, prescale_size, reduce_factor
+from .resize import downscale, final_filter, prescale_size, reduce_factor
 from .trim import content_box
 
 DEFAULT_MAX_SOURCE_PIXELS = 64_000_000
@@ -134,6 +134,7 @@ def rewrite(data: bytes, header: Header, policy: Policy,
     view = _full_view(full, scale, header)
     trimmed = False
     fbox = None  # the content box in ``full``'s pixels (None: all of it)
+    reduced = None  # (k, full.reduce(k)) made for the trim: the resize reuses it when its k is the same
     if policy.trim_borders:
         # Trim on a reduced image (box averages keep a uniform border exactly uniform),
         # reduced no further than the smallest size this image can be sent at.
@@ -141,7 +142,9 @@ def rewrite(data: bytes, header: Header, policy: Policy,
         low = target_size(max(1, round(full.width * scale)), max(1, round(full.height * scale)), floor, f,
                           policy.min_pixels)
         k = reduce_factor(full.size, low, gap)
-        small = vips.rgb(full.reduce(k) if k >= 2 else full)
+        if k >= 2:
+            reduced = (k, full.reduce(k))
+        small = vips.rgb(reduced[1] if reduced else full)
         box = content_box(small, policy.trim_tolerance, min_side=max(2, int(f / (scale * k))))
         if box is not None:
             kx, ky = view[0] / small.width, view[1] / small.height
@@ -164,13 +167,16 @@ def rewrite(data: bytes, header: Header, policy: Policy,
         k = max(need[0] / cw, need[1] / ch)  # draft sizes are as stored (before EXIF turns)
         d = decode_opened(open_checked(data, header.format, max_source_pixels),
                           (max(1, int(header.width * k)), max(1, int(header.height * k))))
-        full = d.image
+        full, reduced = d.image, None
         if trimmed:  # the same content box, in this decode's pixels
             fbox = (round(view[2] / view[0] * full.width), round(view[3] / view[1] * full.height),
                     round(view[4] / view[0] * full.width), round(view[5] / view[1] * full.height))
         fw, fh = (fbox[2] - fbox[0], fbox[3] - fbox[1]) if fbox else full.size
     # RGB after the reduction: less to convert
-    im = vips.rgb(downscale(full, target, policy.resample, gap, tuple(map(int, fbox)) if fbox else None))
+    if fbox is None and reduced and reduced[0] == reduce_factor(full.size, target, gap):
+        im = vips.rgb(final_filter(reduced[1], target, policy.resample))  # what downscale would do
+    else:
+        im = vips.rgb(downscale(full, target, policy.resample, gap, tuple(map(int, fbox)) if fbox else None))
     out, mime = encode(im, policy.jpeg_quality)
     return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
                      len(data), before, tokens(im.width, im.height, policy), trimmed, time.perf_counter() - t0,
