@@ -77,8 +77,10 @@ BANDS = {"RGB": 3, "L": 1, "RGBX": 4}
 def resize(im: Image.Image, target: tuple[int, int], resample: str,
            box: tuple[int, int, int, int] | None = None) -> Image.Image:
     """``im`` (RGB, L, or RGBX as ``decode_png`` gives it; ``box``: only that part) resized to
-    exactly ``target`` with libvips' reduce; RGBX comes back RGB (the padding band dropped
-    after the reduction, so the full-size image is never converted)."""
+    exactly ``target`` with libvips' reduce, in ``im``'s mode: RGBX comes back RGBX, handed to
+    Pillow without a copy (Pillow stores RGB in four bytes; ``rgb()`` after the reduction is
+    a cheap copy, where dropping the band in libvips and unpacking three bytes measured
+    3-10 % slower over the whole rewrite)."""
     v = pyvips.Image.new_from_memory(_pixels(im), im.width, im.height, BANDS[im.mode], "uchar")
     if box is not None:
         v = v.crop(box[0], box[1], box[2] - box[0], box[3] - box[1])
@@ -86,7 +88,4 @@ def resize(im: Image.Image, target: tuple[int, int], resample: str,
     if (v.width, v.height) != target:  # rounding of the scale: never off by more than a pixel
         v = v.crop(0, 0, min(v.width, target[0]), min(v.height, target[1])).gravity(
             "north-west", target[0], target[1], extend="copy")
-    mode = im.mode
-    if mode == "RGBX":
-        v, mode = v.extract_band(0, n=3), "RGB"
-    return Image.frombuffer(mode, target, v.write_to_memory(), "raw", mode, 0, 1)
+    return Image.frombuffer(im.mode, target, v.write_to_memory(), "raw", im.mode, 0, 1)
