@@ -102,6 +102,52 @@ def test_three_image_request_never_lands_on_a_one_image_profile(servers):
     assert e.value.code == "no_backend_admits"
 
 
+def test_context_check_counts_a_screenshot_at_the_size_the_budget_sends(servers):
+    """A 1080p screenshot of small text is sent at its full 1920x1080 (2040 visual tokens)
+    by the legibility-aware budget: against a 1400-token context it is refused before any
+    engine sees it, where the fixed 768 px estimate (336 tokens) would have let it through
+    to fail there. A 1080p photo, sent at 768x448, still fits."""
+    import image_corpus as C
+    sim = servers.sim()
+    gw = servers.gateway({"profiles": {"shortctx": {"base": "h200", "max_model_len": 1400, "image_max_long_side": 0}},
+                          "backends": backends_cfg([sim], ["shortctx"])})
+    c = client(gw)
+
+    def ask(data: bytes, mime: str):
+        url = f"data:{mime};base64," + base64.b64encode(data).decode()
+        return chat(c, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                     {"type": "text", "text": "what does it say?"}]}],
+                    max_tokens=200)
+
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(C.desktop_screenshot_png(1920, 1080), "image/png")
+    assert e.value.code == "no_backend_admits" and "exceed the 1400-token context" in str(e.value)
+    assert not sim_images_seen(sim)
+    done, _ = ask(C.photo_jpeg(1920, 1080), "image/jpeg")
+    assert done.choices[0].message.content is not None and sim_images_seen(sim) == [1]
+
+
+def test_images_are_sent_within_the_profiles_pixel_budget(servers):
+    """With no long-side cap, the profile's image_max_pixels (the engine's max_pixels: it
+    would shrink anything larger itself) still bounds what is sent, per image on the token
+    grid: a 1080p screenshot the legible budget keeps whole is sent at 1696x960, once (one
+    rewrite: the only backend's caps are the model's)."""
+    import image_corpus as C
+    sim = servers.sim()
+    gw = servers.gateway({"profiles": {"nocap": {"base": "h200", "image_max_long_side": 0}},
+                          "backends": backends_cfg([sim], ["nocap"])})
+    url = "data:image/png;base64," + base64.b64encode(C.desktop_screenshot_png(1920, 1080)).decode()
+    raw = client(gw).chat.completions.with_raw_response.create(
+        model=SIM_MODEL, max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "read it"}]}])
+    assert raw.headers["x-vlm-gateway-visual-tokens"] == "before=2040;after=1590"
+    [body] = sim.sim_requests()
+    sent = body["messages"][0]["content"][0]["image_url"]["url"]
+    im = Image.open(io.BytesIO(base64.b64decode(sent.split(",", 1)[1])))
+    assert im.size == (1696, 960) and im.width * im.height <= 1638400
+    assert gateway_metric(gw, "vlm_gateway_image_rewrite_seconds_count") == 1
+
+
 def test_large_image_is_rewritten_to_the_small_profile_budget(servers):
     """A 12 MP photo routed to the RTX 4060 Ti profile reaches it at that profile's 512 px
     budget (the image stage rewrites for the chosen backend)."""

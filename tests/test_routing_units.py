@@ -345,6 +345,45 @@ def test_profile_filter_takes_the_image_budget_the_image_stage_resolves():
     assert ProfileFilter(cfg)(one, b) is None                      # the tenant's 1024 px: 1024x768
 
 
+def test_profile_filter_counts_images_at_the_size_the_image_stage_sends():
+    """A text screenshot the legibility-aware budget sends at 1280x704 costs 880 visual
+    tokens, not the 336 of the fixed 768 px rule: the context check counts what is sent."""
+    f = ProfileFilter(GatewayConfig())
+    b = _backend("b", "h200")
+    b.profile = {**b.profile, "image_max_long_side": 0, "max_model_len": 1200}
+    shot = _req([{"role": "user", "content": [_img(), {"type": "text", "text": "read it"}]}], max_tokens=600)
+    shot.images[0].width, shot.images[0].height = 1920, 1080
+    assert f(shot, b) is None                                  # not sized yet: the fixed 768 px estimate
+    shot.images[0].sent_width, shot.images[0].sent_height = 1280, 704
+    assert "exceed the 1200-token context" in f(shot, b)
+    b.profile["max_model_len"] = 1600
+    assert f(shot, b) is None
+    # sent larger than this backend's cap: counted at the cap, as before_send rewrites it
+    shot.images[0].sent_width, shot.images[0].sent_height = 1888, 1184
+    capped = _backend("capped", "h200")
+    capped.profile = {**capped.profile, "image_max_long_side": 1280, "max_model_len": 1600,
+                      "image_max_pixels": 1280 * 720}
+    assert "at 1280x800 exceeds the 921600-pixel budget" in f(shot, capped)
+
+
+def test_long_side_within_a_pixel_budget_is_the_largest_that_fits():
+    from vlm_gateway.vision_tokens import long_side_within, target_size
+    import random
+    rnd = random.Random(3)
+    for _ in range(400):
+        w, h = rnd.randint(200, 8000), rnd.randint(200, 8000)
+        px = rnd.choice([401_408, 1_003_520, 1_638_400, 3_686_400])
+        side = long_side_within(w, h, px, 32)
+        if w * h <= px:
+            assert side == 0
+            continue
+        tw, th = target_size(w, h, side, 32)
+        assert tw * th <= px, (w, h, px, side)
+        bw, bh = target_size(w, h, side + 32, 32)  # one grid cell longer no longer fits
+        assert bw * bh > px or (bw, bh) == (tw, th), (w, h, px, side)
+    assert long_side_within(1920, 1080, 0) == 0
+
+
 def test_text_token_estimates_are_the_simulators_counts():
     """Admission's text estimate and the simulator's prompt count follow one rule
     (vision_tokens: ~4 bytes a token plus Qwen3-VL's chat template)."""

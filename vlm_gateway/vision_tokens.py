@@ -82,6 +82,26 @@ def estimate_prompt_tokens(prompt: Any) -> int:
     return 0
 
 
+def long_side_within(width: int, height: int, max_pixels: int, factor: int = QWEN3_FACTOR,
+                     min_pixels: int = QWEN3_MIN_PIXELS) -> int:
+    """The largest long side at which ``target_size`` keeps a width x height image within
+    ``max_pixels`` (an engine's ``max_pixels``: it would shrink anything larger itself);
+    0 when the image already fits or there is no budget."""
+    if max_pixels <= 0 or width * height <= max_pixels:
+        return 0
+    def fits(side: int) -> bool:
+        w, h = target_size(width, height, side, factor, min_pixels)
+        return w * h <= max_pixels
+
+    long = max(width, height)
+    side = int(long * math.sqrt(max_pixels / (width * height)))  # exact but for the grid's rounding
+    while side > factor and not fits(side):
+        side -= max(1, factor // 4)  # rounding overshot: a little smaller
+    while side + factor < long and fits(side + factor):
+        side += factor  # rounding left room (the short side rounded down): a cell longer
+    return max(side, factor)
+
+
 def target_size(width: int, height: int, max_long_side: int, factor: int = QWEN3_FACTOR,
                 min_pixels: int = QWEN3_MIN_PIXELS) -> tuple[int, int]:
     """Size the image stage rewrites a width x height image to (width, height).

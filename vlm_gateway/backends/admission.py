@@ -5,12 +5,13 @@ the backend's GPU profile:
 
 - number of images <= ``max_images_per_prompt``, of videos <= ``max_videos_per_prompt``
   (the engine is started with these limits: ``vlm-gateway launch``);
-- every image, at the size the image stage will rewrite it to for this backend
-  (long side min(images budget, profile ``image_max_long_side``), the budget as the
-  image policy resolves it for the model and tenant (``policy.model_settings``),
-  snapped to the token grid by ``vision_tokens.target_size``), within ``image_max_pixels``;
-  sizes come from the image headers the image stage read before routing, and an
-  image of unknown size (no image stage) is not checked;
+- every image, at the size the image stage sends it to this backend, within
+  ``image_max_pixels``: the size its rewrite before routing chose (the legibility-aware
+  budget's own decision, already capped when every backend of the model caps alike),
+  brought under this backend's ``image_max_long_side`` on the token grid when it is
+  larger; an image the stage has not sized is taken at the model's fixed long side
+  (min(images budget, profile cap), the budget as ``policy.model_settings`` resolves it
+  for the model and tenant); an image of unknown size (no image stage) is not checked;
 - estimated prompt tokens (text ~4 bytes a token and the chat template's tokens,
   ``vision_tokens``; visual tokens after rewrite, a rewritten video's count included)
   + ``max_tokens`` <= ``max_model_len``.
@@ -110,7 +111,11 @@ class ProfileFilter:
         for img in req.images:
             if not img.width or not img.height:
                 continue  # size unknown without the image stage
-            if rewrite:
+            if rewrite and img.sent_width:
+                w, h = img.sent_width, img.sent_height
+                if prof_long and max(w, h) > prof_long:  # rewritten again at this backend's cap
+                    w, h = target_size(w, h, prof_long, factor, min_px)
+            elif rewrite:
                 w, h = target_size(img.width, img.height, long_side, factor, min_px)
             else:
                 w, h = img.width, img.height

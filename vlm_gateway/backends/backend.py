@@ -73,6 +73,12 @@ class Backend:
         return int(cap) if isinstance(cap, (int, float)) and cap > 0 else 0
 
     @property
+    def image_pixels(self) -> int:
+        """The profile's pixel budget of one image (the engine's ``max_pixels``; 0 = none)."""
+        px = self.profile.get("image_max_pixels")
+        return int(px) if isinstance(px, (int, float)) and px > 0 else 0
+
+    @property
     def available(self) -> bool:
         return self.healthy and not self.drained and not self.departing and self.breaker.is_available()
 

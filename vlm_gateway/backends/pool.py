@@ -253,10 +253,11 @@ class Pool:
     def serving(self, model: str) -> list[Backend]:
         return [b for b in self.backends if model in b.models]
 
-    def image_cap(self, model: str) -> int | None:
-        """The ``image_max_long_side`` all backends serving ``model`` share (0: no cap), None
-        when they differ or none serves it: the image stage then caps per chosen backend."""
-        caps = {b.image_cap for b in self.serving(model)}
+    def image_caps(self, model: str) -> tuple[int, int] | None:
+        """The (``image_max_long_side``, ``image_max_pixels``) all backends serving ``model``
+        share (0: no limit), None when they differ or none serves it: the image stage then
+        caps per chosen backend."""
+        caps = {(b.image_cap, b.image_pixels) for b in self.serving(model)}
         return caps.pop() if len(caps) == 1 else None
 
     def candidates(self, req: "ChatRequest", exclude: set[Backend] = frozenset()) -> list[Backend]:

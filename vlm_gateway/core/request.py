@@ -55,6 +55,10 @@ class MediaPart:
     source_bytes: int = 0
     tokens_before: int = 0
     tokens_after: int = 0
+    # the size the image stage sends (its rewrite before routing, or at the chosen backend's
+    # cap after it); 0 until it has decided: admission checks this, not a guess
+    sent_width: int = 0
+    sent_height: int = 0
     # sent smaller than its own budget because of the SLO budget level (stages/images/pressure.py)
     degraded: bool = False
     kind: str = "image"

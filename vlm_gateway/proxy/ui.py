@@ -142,10 +142,9 @@ async def _rewrite_with_stage(gw: "Gateway", data_uri: str, model: str, detail: 
     except GatewayError:
         backend = None
     info["backend"] = backend.name if backend is not None else None
-    cap = backend.image_cap if backend is not None else 0
-    if plan is not None and plan.policies and cap:
+    if plan is not None and plan.policies and backend is not None:
         pol = plan.policies[0]
-        capped = pol.capped(cap)
+        capped = rewriter.for_backend(pol, plan.sources[0], backend)
         if capped != pol:
             r, _ = await rewriter.rewritten(image, plan.sources[0], capped)
             info["tokens_after"] = r.tokens_after

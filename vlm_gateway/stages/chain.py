@@ -51,13 +51,14 @@ class FullBudgets:
 
 
 class ImageCaps(Protocol):
-    def image_cap(self, model: str) -> int | None:
-        """The profile ``image_max_long_side`` every backend serving ``model`` shares (0: none
-        caps images), or None when they differ or none is known (the cap is applied per backend)."""
+    def image_caps(self, model: str) -> tuple[int, int] | None:
+        """The profile (``image_max_long_side``, ``image_max_pixels``) every backend serving
+        ``model`` shares (0: no limit), or None when they differ or none is known (the caps
+        are applied per backend)."""
 
 
 class UnknownCaps:
-    def image_cap(self, model: str) -> int | None:
+    def image_caps(self, model: str) -> tuple[int, int] | None:
         return None
 
 

@@ -9,8 +9,10 @@ rewritten, but the sources are still resolved, checked and counted. Then
 rewrite for the model's policy right away, so a broken image fails before any
 response starts, and subscribe the request for ``before_send``, which
 applies the rewrite for the chosen backend (capped by its profile's
-``image_max_long_side``). When every backend serving the model shares one cap
-(``ImageCaps``), the first rewrite is already capped and ``before_send`` only
+``image_max_long_side``, and per image by the long side that keeps it within the
+profile's ``image_max_pixels``: the engine would shrink anything larger itself). When
+every backend serving the model shares its caps (``ImageCaps``), the first rewrite is
+already capped and ``before_send`` only
 applies it: one decode per image, not two; with mixed caps a backend whose cap
 differs from none costs a second rewrite (at its own L1 key). Pass-through data:
 images keep their original string byte for byte.
@@ -33,6 +35,7 @@ from ...core.errors import BadRequest, GatewayError, Unavailable
 from ...core.stage import Stage
 from ...core.state import Slot
 from ...lru import LRU
+from ...vision_tokens import long_side_within
 from ..auth import TENANT
 from ..grounding import plan as grounding
 from .decode import ImageError, probe
@@ -208,9 +211,9 @@ class ImageRewriter(Stage):
                         for pol, part in zip(policies, req.images)]
         sources = await _gather([self.source(p, req) for p in req.images])
         policies = grounding.gate_trim(self.cfg, req, sources, policies)  # no crop unless answers map back
-        cap = self.caps.image_cap(req.model) if self.caps is not None else None
-        if cap is not None:  # every backend for this model caps alike: rewrite once, already capped
-            policies = [pol.capped(cap) for pol in policies]
+        caps = self.caps.image_caps(req.model) if self.caps is not None else None
+        if caps is not None:  # every backend for this model caps alike: rewrite once, already capped
+            policies = [_capped(pol, src, *caps) for pol, src in zip(policies, sources)]
         for part, src, pol in zip(req.images, sources, policies):
             part.content_hash = src.hash
             part.source_bytes = src.size
@@ -228,11 +231,10 @@ class ImageRewriter(Stage):
 
     async def before_send(self, req: "ChatRequest", backend: "Backend") -> None:
         plan = req.state[PLAN]
-        cap = backend.image_cap or None
         chosen = []
         outcomes = []
         for part, src, pol, (r, outcome) in zip(req.images, plan.sources, plan.policies, plan.results):
-            eff = pol.capped(cap)
+            eff = self.for_backend(pol, src, backend)
             if eff != pol:
                 r, outcome = await self.rewritten(part, src, eff, req)
             chosen.append((eff, r))
@@ -242,12 +244,19 @@ class ImageRewriter(Stage):
             plan.counted = True
             self._count(req, [r for _, r in chosen], outcomes)
 
+    @staticmethod
+    def for_backend(pol: Policy, src: Source, backend: "Backend") -> Policy:
+        """``pol`` under ``backend``'s profile caps: what ``before_send`` sends it (and what
+        the /ui preview shows)."""
+        return _capped(pol, src, backend.image_cap, backend.image_pixels)
+
     def _apply(self, req: "ChatRequest", chosen: list[tuple[Policy, Rewritten]]) -> None:
         plan = req.state[PLAN]
         before = after = 0
         for part, src, (_, r) in zip(req.images, plan.sources, chosen):
             part.set_url(src.url if r.url is None else r.url)
             part.tokens_after = r.tokens_after if src.header is not None else 0
+            part.sent_width, part.sent_height = (r.width, r.height) if src.header is not None else (0, 0)
             before += part.tokens_before
             after += part.tokens_after
         req.response_headers[TOKENS_HEADER] = f"before={before};after={after}"
@@ -279,6 +288,17 @@ class ImageRewriter(Stage):
                 metrics.IMAGES_DEGRADED.labels(r.budget.cls if r.budget is not None else "unmeasured").inc()
             metrics.IMAGE_BYTES.labels("in").inc(part.source_bytes)
             metrics.IMAGE_BYTES.labels("out").inc(len(r.data) if r.url is not None else part.source_bytes)
+
+
+def _capped(pol: Policy, src: Source, long_cap: int, pixels: int) -> Policy:
+    """``pol`` under a backend's limits: its long side, and the long side at which this
+    image's rewrite stays within its pixel budget (0: no limit)."""
+    cap = long_cap
+    if pixels and src.header is not None:
+        side = long_side_within(src.header.width, src.header.height, pixels, pol.grid_factor, pol.min_pixels)
+        if side:
+            cap = min(cap, side) if cap else side
+    return pol.capped(cap or None)
 
 
 async def _gather(coros):
