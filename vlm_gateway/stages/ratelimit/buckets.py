@@ -170,13 +170,16 @@ class RedisStore:
         return self.backoff.up()
 
     async def _call(self, coro_fn):
-        import redis.exceptions as rexc
         if not self.up:
             raise RedisUnavailable
         try:
             out = await coro_fn()
-        # RedisClusterException (a cluster without a node for a slot) is no RedisError
-        except (rexc.RedisError, rexc.RedisClusterException, OSError, TimeoutError) as e:
+        # Any failure of the one client call is Redis failing, not only RedisError: a cluster
+        # without a node for a slot raises RedisClusterException, and redis-py's asyncio
+        # connections can raise AttributeError/TypeError when a node's connection is torn
+        # down under a command in flight (seen when a primary was killed mid-load; redis-py
+        # #3546, #3835). The caches treat these as misses alike.
+        except Exception as e:  # noqa: BLE001
             self.backoff.failed(e, "using in-process limits")
             metrics.RATELIMIT_FALLBACKS.inc()
             raise RedisUnavailable from None
