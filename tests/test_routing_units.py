@@ -24,7 +24,7 @@ from vlm_gateway.backends.stats import EngineStats
 from vlm_gateway.config import ConfigError, GatewayConfig, RoutingConfig, TenantConfig
 from vlm_gateway.core.request import parse_chat
 from vlm_gateway.stages.auth import TENANT
-from vlm_gateway.vision_tokens import estimate_prompt_tokens
+from vlm_gateway.vision_tokens import estimate_prompt_tokens, long_side_within, send_cap, target_size
 
 import orjson
 import yaml
@@ -358,16 +358,27 @@ def test_profile_filter_counts_images_at_the_size_the_image_stage_sends():
     assert "exceed the 1200-token context" in f(shot, b)
     b.profile["max_model_len"] = 1600
     assert f(shot, b) is None
-    # sent larger than this backend's cap: counted at the cap, as before_send rewrites it
+    # sent larger than this backend's limits (its model's backends differ): counted at the
+    # size before_send brings it to, within the 1280 px cap and the 921600-pixel budget
+    # (1184x768: 888 visual tokens), never refused for its pixels
     shot.images[0].sent_width, shot.images[0].sent_height = 1888, 1184
     capped = _backend("capped", "h200")
-    capped.profile = {**capped.profile, "image_max_long_side": 1280, "max_model_len": 1600,
+    capped.profile = {**capped.profile, "image_max_long_side": 1280, "max_model_len": 1460,
                       "image_max_pixels": 1280 * 720}
-    assert "at 1280x800 exceeds the 921600-pixel budget" in f(shot, capped)
+    assert target_size(1888, 1184, send_cap(1888, 1184, 1280, 1280 * 720)) == (1184, 768)
+    assert "exceed the 1460-token context" in f(shot, capped)
+    capped.profile["max_model_len"] = 1600
+    assert f(shot, capped) is None
+    # sent above this backend's pixel budget (its models' backends differ): counted at the
+    # size before_send brings it to (1696x960, 1590 tokens), not refused for its pixels
+    shot.images[0].sent_width, shot.images[0].sent_height = 1920, 1080
+    assert b.image_pixels == 1638400
+    assert "exceed the 1600-token context" in f(shot, b)
+    b.profile["max_model_len"] = 2400
+    assert f(shot, b) is None
 
 
 def test_long_side_within_a_pixel_budget_is_the_largest_that_fits():
-    from vlm_gateway.vision_tokens import long_side_within, target_size
     import random
     rnd = random.Random(3)
     for _ in range(400):
@@ -382,6 +393,9 @@ def test_long_side_within_a_pixel_budget_is_the_largest_that_fits():
         bw, bh = target_size(w, h, side + 32, 32)  # one grid cell longer no longer fits
         assert bw * bh > px or (bw, bh) == (tw, th), (w, h, px, side)
     assert long_side_within(1920, 1080, 0) == 0
+    assert send_cap(1920, 1080, 0, 0) == 0 and send_cap(1920, 1080, 1280, 0) == 1280
+    assert send_cap(1920, 1080, 0, 1638400) == long_side_within(1920, 1080, 1638400) < 1920
+    assert send_cap(1920, 1080, 1280, 1638400) == 1280 and send_cap(1000, 800, 0, 1638400) == 0
 
 
 def test_text_token_estimates_are_the_simulators_counts():

@@ -89,6 +89,7 @@ def long_side_within(width: int, height: int, max_pixels: int, factor: int = QWE
     0 when the image already fits or there is no budget."""
     if max_pixels <= 0 or width * height <= max_pixels:
         return 0
+
     def fits(side: int) -> bool:
         w, h = target_size(width, height, side, factor, min_pixels)
         return w * h <= max_pixels
@@ -100,6 +101,15 @@ def long_side_within(width: int, height: int, max_pixels: int, factor: int = QWE
     while side + factor < long and fits(side + factor):
         side += factor  # rounding left room (the short side rounded down): a cell longer
     return max(side, factor)
+
+
+def send_cap(width: int, height: int, long_cap: int, max_pixels: int, factor: int = QWEN3_FACTOR,
+             min_pixels: int = QWEN3_MIN_PIXELS) -> int:
+    """The long side a backend's limits allow a width x height image: its profile's
+    ``image_max_long_side`` and the long side that keeps it within ``image_max_pixels``
+    (0 = no limit). The image stage rewrites under it; admission counts with it."""
+    side = long_side_within(width, height, max_pixels, factor, min_pixels)
+    return min(long_cap, side) if long_cap and side else (long_cap or side)
 
 
 def target_size(width: int, height: int, max_long_side: int, factor: int = QWEN3_FACTOR,

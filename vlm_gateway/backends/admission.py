@@ -8,8 +8,8 @@ the backend's GPU profile:
 - every image, at the size the image stage sends it to this backend, within
   ``image_max_pixels``: the size its rewrite before routing chose (the legibility-aware
   budget's own decision, already capped when every backend of the model caps alike),
-  brought under this backend's ``image_max_long_side`` on the token grid when it is
-  larger; an image the stage has not sized is taken at the model's fixed long side
+  brought under this backend's limits (``vision_tokens.send_cap``: its
+  ``image_max_long_side`` and pixel budget) on the token grid when it is larger; an image the stage has not sized is taken at the model's fixed long side
   (min(images budget, profile cap), the budget as ``policy.model_settings`` resolves it
   for the model and tenant); an image of unknown size (no image stage) is not checked;
 - estimated prompt tokens (text ~4 bytes a token and the chat template's tokens,
@@ -36,7 +36,8 @@ from ..core.state import Slot
 from ..stages.auth import TENANT
 from ..stages.images.policy import model_settings
 from ..vision_tokens import (MARKER_TOKENS, TEMPLATE_TOKENS_PER_MESSAGE, TEMPLATE_TOKENS_PER_REQUEST,
-                             estimate_prompt_tokens, estimate_text_tokens, target_size, visual_tokens)
+                             estimate_prompt_tokens, estimate_text_tokens, send_cap, target_size,
+                             visual_tokens)
 
 if TYPE_CHECKING:
     from ..config import GatewayConfig
@@ -103,7 +104,7 @@ class ProfileFilter:
                     f"backend {b.name} ({p.get('name', 'profile')})")
         long_side, factor, min_px, max_px = self._budget(req)
         prof_long = b.image_cap
-        prof_px = int(p.get("image_max_pixels") or 0)
+        prof_px = b.image_pixels
         rewrite = self.images.enabled
         if prof_long:
             long_side = min(long_side, prof_long) if rewrite else prof_long
@@ -113,8 +114,9 @@ class ProfileFilter:
                 continue  # size unknown without the image stage
             if rewrite and img.sent_width:
                 w, h = img.sent_width, img.sent_height
-                if prof_long and max(w, h) > prof_long:  # rewritten again at this backend's cap
-                    w, h = target_size(w, h, prof_long, factor, min_px)
+                cap = send_cap(w, h, prof_long, prof_px, factor, min_px)
+                if cap and max(w, h) > cap:  # rewritten again under this backend's limits
+                    w, h = target_size(w, h, cap, factor, min_px)
             elif rewrite:
                 w, h = target_size(img.width, img.height, long_side, factor, min_px)
             else:

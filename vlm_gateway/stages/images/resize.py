@@ -40,10 +40,17 @@ def final_filter(im: Image.Image, target: tuple[int, int], resample: str = "bicu
 
 
 def downscale(im: Image.Image, target: tuple[int, int], resample: str = "bicubic", gap: float = 2.0,
-              box: tuple[int, int, int, int] | None = None) -> Image.Image:
-    """``im`` (or its ``box``: the content inside trimmed borders) on ``target``."""
+              box: tuple[int, int, int, int] | None = None,
+              reduced: tuple[int, Image.Image] | None = None) -> Image.Image:
+    """``im`` (or its ``box``: the content inside trimmed borders) on ``target``. ``reduced``:
+    ``(k, im.reduce(k))`` made already (for the border search), taken when ``k`` is the
+    reduction wanted here."""
     size = (box[2] - box[0], box[3] - box[1]) if box else im.size
     k = reduce_factor(size, target, gap)
     if k >= 2:
-        im, box = (im.reduce(k, box=box) if box else im.reduce(k)), None
+        if box is None and reduced is not None and reduced[0] == k:
+            im = reduced[1]
+        else:
+            im = im.reduce(k, box=box) if box else im.reduce(k)
+        box = None
     return final_filter(im, target, resample, box)

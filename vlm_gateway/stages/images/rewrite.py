@@ -22,7 +22,7 @@ from .legibility import estimate
 from .policy import Policy
 from .pressure import long_side as pressed
 from . import vips
-from .resize import downscale, final_filter, prescale_size, reduce_factor
+from .resize import downscale, prescale_size, reduce_factor
 from .trim import content_box
 
 DEFAULT_MAX_SOURCE_PIXELS = 64_000_000
@@ -172,11 +172,7 @@ def rewrite(data: bytes, header: Header, policy: Policy,
             fbox = (round(view[2] / view[0] * full.width), round(view[3] / view[1] * full.height),
                     round(view[4] / view[0] * full.width), round(view[5] / view[1] * full.height))
         fw, fh = (fbox[2] - fbox[0], fbox[3] - fbox[1]) if fbox else full.size
-    # RGB after the reduction: less to convert
-    if fbox is None and reduced and reduced[0] == reduce_factor(full.size, target, gap):
-        im = vips.rgb(final_filter(reduced[1], target, policy.resample))  # what downscale would do
-    else:
-        im = vips.rgb(downscale(full, target, policy.resample, gap, tuple(map(int, fbox)) if fbox else None))
+    im = vips.rgb(downscale(full, target, policy.resample, gap, fbox, reduced))  # RGB after the reduction
     out, mime = encode(im, policy.jpeg_quality)
     return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
                      len(data), before, tokens(im.width, im.height, policy), trimmed, time.perf_counter() - t0,

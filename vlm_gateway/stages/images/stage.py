@@ -35,7 +35,7 @@ from ...core.errors import BadRequest, GatewayError, Unavailable
 from ...core.stage import Stage
 from ...core.state import Slot
 from ...lru import LRU
-from ...vision_tokens import long_side_within
+from ...vision_tokens import send_cap
 from ..auth import TENANT
 from ..grounding import plan as grounding
 from .decode import ImageError, probe
@@ -291,14 +291,12 @@ class ImageRewriter(Stage):
 
 
 def _capped(pol: Policy, src: Source, long_cap: int, pixels: int) -> Policy:
-    """``pol`` under a backend's limits: its long side, and the long side at which this
-    image's rewrite stays within its pixel budget (0: no limit)."""
-    cap = long_cap
-    if pixels and src.header is not None:
-        side = long_side_within(src.header.width, src.header.height, pixels, pol.grid_factor, pol.min_pixels)
-        if side:
-            cap = min(cap, side) if cap else side
-    return pol.capped(cap or None)
+    """``pol`` under a backend's limits (``vision_tokens.send_cap``; an image of unknown
+    size gets the long-side cap only)."""
+    if src.header is None:
+        return pol.capped(long_cap or None)
+    return pol.capped(send_cap(src.header.width, src.header.height, long_cap, pixels, pol.grid_factor,
+                               pol.min_pixels) or None)
 
 
 async def _gather(coros):
