@@ -429,6 +429,20 @@ def tiff_tag_flood(values: int = 2_000_000) -> bytes:
     return bytes(t) + b"\0" * (2 * values)
 
 
+def tiff_huge_tiles(tile: int = 32768, w: int = 64, h: int = 64) -> bytes:
+    """A small deflate TIFF whose one tile is declared ``tile`` x ``tile``: libtiff allocates
+    and zeroes the whole tile (1 GB at 32768) before it finds the data short."""
+    payload = zlib.compress(b"\x00" * 4096)
+    entries = [(256, 4, w), (257, 4, h), (258, 3, 8), (259, 3, 8), (262, 3, 1), (277, 3, 1),
+               (322, 4, tile), (323, 4, tile), (324, 4, 0), (325, 4, len(payload))]
+    data_off = 8 + 2 + 12 * len(entries) + 4
+    out = b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", len(entries))
+    for tag, typ, val in entries:
+        val = data_off if tag == 324 else val
+        out += struct.pack("<HHI", tag, typ, 1) + (struct.pack("<HH", val, 0) if typ == 3 else struct.pack("<I", val))
+    return out + struct.pack("<I", 0) + payload
+
+
 def jpeg_empty_scans(n: int = 200, side: int = 1024) -> bytes:
     """A progressive JPEG followed by ``n`` scan headers without data: each costs a pass."""
     j = save(Image.fromarray(photo_array(side, side)), "JPEG", progressive=True, quality=80)
@@ -483,6 +497,7 @@ def hostile() -> dict[str, tuple[bytes, set[str]]]:
         "jpeg_many_scans": (jpeg_many_scans(), cplx),
         "tiff_ifd_chain": (tiff_ifd_chain(), cplx),
         "tiff_tag_flood": (tiff_tag_flood(), cplx),
+        "tiff_huge_tiles": (tiff_huge_tiles(), cplx),
         "jpeg_empty_scans": (jpeg_empty_scans(), cplx),
         "bmp_rle": (bmp_rle(), cplx),
         "webp_huge_canvas": (webp_huge_canvas(), large),

@@ -3,6 +3,23 @@
 Everything a client can get wrong or the pool can fail at is raised as a
 ``GatewayError`` somewhere below and turned into this shape here; anything else
 becomes a generic 500 whose details stay in the server log.
+
+The hierarchy (status, OpenAI ``type``; the ``code`` names the case)::
+
+    GatewayError                500  server_error
+    ├── BadRequest              400  invalid_request_error
+    ├── Unauthorized            401  authentication_error
+    ├── Forbidden               403  permission_error
+    ├── NotFound                404  invalid_request_error
+    ├── PayloadTooLarge         413  invalid_request_error
+    ├── RateLimited             429  rate_limit_error     (Retry-After)
+    ├── BadGateway              502  server_error         (upstream_malformed, upstream_disconnected, ...)
+    ├── Unavailable             503  server_error         (no_healthy_backend, image_queue_full, ...)
+    └── GatewayTimeout          504  server_error         (upstream_timeout)
+
+A raise may override ``status`` or ``type`` per instance (e.g. 501 for a video the engine
+cannot be sent) without a class of its own; ``error_bytes`` gives the same shape where no
+exception is raised (a 405, the readiness probe).
 """
 
 from __future__ import annotations

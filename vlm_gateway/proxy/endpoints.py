@@ -17,6 +17,7 @@ from ..core.errors import GatewayError
 from ..core.stage import Reply
 from ..core.timing import Timing
 from ..stages.chain import Chain
+from .asgi.exchange import exchange
 from .connection_guard import FIRST_BYTE
 from . import recent
 from .body import read_json_body
@@ -76,8 +77,8 @@ class CompletionEndpoint:
 
     async def __call__(self, scope, receive, send) -> None:
         gw: Gateway = self.get_gateway(scope)
-        state = scope.setdefault("state", {})
-        rid = state.get("request_id")
+        ex = exchange(scope)
+        rid = ex.request_id
         out = Responder(send)
         me = asyncio.current_task()
         disconnect = None
@@ -93,7 +94,7 @@ class CompletionEndpoint:
             req = self.parse(raw, headers, rid)
             tm.parsed = time.perf_counter()
             req.t_start, req.timing = tm.first_byte, tm
-            state["req"] = req
+            ex.req = req
             model = req.model if req.model in gw.pool.known_models else "other"
             disconnect = asyncio.ensure_future(_until_disconnect(receive))
             disconnect.add_done_callback(lambda t: None if out.finishing or t.cancelled() else me.cancel())
@@ -107,10 +108,9 @@ class CompletionEndpoint:
             status = out.status
         except asyncio.CancelledError:
             status = 499  # client closed the request
-            state["cancelled"] = True
         except GatewayError as e:
             status = e.status
-            state["error"] = e.reason  # bounded reason, for the access log
+            ex.error = e.reason  # bounded reason, for the access log
             if out.started:
                 await gw.relay._stream_error(out, e)  # counts the rejection itself
             else:
@@ -130,7 +130,7 @@ class CompletionEndpoint:
                 disconnect.cancel()
             if req is not None and gw.chain.pending(req):
                 await _finish(gw.chain, req)
-            state["status"] = status
+            ex.status = status
             metrics.REQUESTS.labels(self.route, model, str(status)).inc()
             if req is not None:
                 metrics.OVERHEAD.labels(self.route).observe(overhead_s(req))

@@ -1,8 +1,8 @@
 """One log line per HTTP request, written when the response has been sent.
 
 It sits inside ``RequestIdMiddleware`` (so the request id is known) and reads what
-the completion endpoint leaves in ``scope["state"]``: ``req`` (the parsed
-``ChatRequest``) and ``status`` (the final status, 499 for a client abort). The
+the completion endpoint leaves in the exchange record (``exchange.py``): the parsed
+``ChatRequest`` and the final status (499 for a client abort). The
 line carries ids, hashes, counts and timings only: never an API key, a prompt, an
 image or an answer. Probe and scrape paths are logged at DEBUG so a 1 s scrape
 interval does not bury the request lines.
@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import summary
 from ..relay import USAGE
+from .exchange import exchange
 
 log = logging.getLogger("vlm_gateway.access")
 
@@ -92,17 +93,16 @@ class AccessLogMiddleware:
         level = logging.DEBUG if path in QUIET_PATHS else logging.INFO
         if not self.log.isEnabledFor(level):
             return
-        state = scope.get("state") or {}
-        status = state.get("status") or seen["status"] or 500
+        ex = exchange(scope)
+        status = ex.status or seen["status"] or 500
         fields: dict[str, Any] = {
-            "request_id": state.get("request_id"), "method": scope.get("method"), "path": _clip(path, 128),
+            "request_id": ex.request_id, "method": scope.get("method"), "path": _clip(path, 128),
             "status": status, "duration_ms": round((time.perf_counter() - t0) * 1000.0, 2),
             "ttfb_ms": round((seen["ttfb"] - t0) * 1000.0, 2) if seen["ttfb"] is not None else None,
             "bytes_out": seen["bytes"],
         }
-        req = state.get("req")
-        if req is not None:
-            fields.update(request_fields(req, status))
-        if state.get("error"):
-            fields["error"] = state["error"]
+        if ex.req is not None:
+            fields.update(request_fields(ex.req, status))
+        if ex.error:
+            fields["error"] = ex.error
         self.log.log(level, "%s %s %s", fields["method"], fields["path"], status, extra={"fields": fields})

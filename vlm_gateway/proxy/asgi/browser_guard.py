@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from ... import metrics
 from ...core.errors import error_bytes
+from .exchange import exchange
 
 PROBE_PATHS = frozenset({"/health", "/ready"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -109,7 +110,7 @@ class OriginPolicy:
 
 async def _refuse(scope, send, status: int, message: str, etype: str, code: str) -> None:
     metrics.REJECTIONS.labels(str(status), code).inc()
-    scope.setdefault("state", {})["error"] = code  # for the access log line
+    exchange(scope).error = code  # for the access log line
     body = error_bytes(status, message, etype, code)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})

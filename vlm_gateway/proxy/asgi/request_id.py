@@ -1,5 +1,5 @@
 """Accept the client's ``x-request-id`` (if sane) or make one; expose it to the
-endpoints through ``scope["state"]``. Every response carries ``x-request-id`` and
+endpoints through the exchange record (``exchange.py``). Every response carries ``x-request-id`` and
 ``x-vlm-gateway-overhead-ms``: the completion routes set the overhead themselves
 (time in the gateway, upstream excluded); for every other response it is the time
 from the request's arrival here to its first response byte."""
@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 import time
 import uuid
+
+from .exchange import exchange
 
 _SANE = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 OVERHEAD = b"x-vlm-gateway-overhead-ms"
@@ -30,7 +32,7 @@ class RequestIdMiddleware:
                     rid = v.decode()
                 break
         rid = rid or uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = rid
+        exchange(scope).request_id = rid
         raw = rid.encode()
 
         async def send_with_id(message) -> None:

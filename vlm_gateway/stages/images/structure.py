@@ -41,6 +41,7 @@ MAX_GIF_BLOCKS = 262144  # data sub-blocks: a 20 MB GIF in full 255-byte sub-blo
 MAX_GIF_FRAMES = 10000
 MAX_TIFF_PAGES = 1024
 MAX_TIFF_STRIPS = 32768  # strips or tiles of the first page (Pillow makes one tile per strip)
+MAX_TIFF_TILE_PIXELS = 1 << 20  # a tile larger than 4x its image must stay under this (1024x1024)
 MAX_BMP_RLE_BYTES = 256 * 1024  # RLE BMPs are decoded by a Python loop (~0.4 us per byte)
 MAX_ISOBMFF_ITEMS = 1000  # items of an AVIF/HEIF file (tiles of a grid): libheif's own default
 MAX_ISOBMFF_BOXES = 4096
@@ -204,6 +205,21 @@ def _gif(data: bytes, max_pixels: int) -> Layout:
 _TIFF_NUMERIC = {3: 1, 4: 1, 5: 2, 8: 1, 9: 1, 10: 2, 11: 1, 12: 1, 16: 1, 17: 1, 18: 1}
 
 
+_TIFF_DIMS = (256, 257, 322, 323)  # ImageWidth, ImageLength, TileWidth, TileLength
+
+
+def _tiff_tiles(dims: dict[int, int]) -> None:
+    """libtiff allocates (and touches) one whole tile before decoding into it, whatever the
+    image's size: a 64x64 image may declare 32768x32768 tiles (a 1 GB buffer from a 2 KB
+    file). A tile may exceed its image (a 64x64 image in one 256x256 tile is normal), by a
+    bounded amount. (Strips are safe: libtiff clamps RowsPerStrip to the image's height.)"""
+    tw, th = dims.get(322, 0), dims.get(323, 0)
+    if tw and th:
+        w, h = dims.get(256, 0), dims.get(257, 0)
+        if tw * th > max(4 * w * h, MAX_TIFF_TILE_PIXELS):
+            raise _complex("tiff", f"declares {tw}x{th} tiles for a {w}x{h} image")
+
+
 def _tiff(data: bytes) -> Layout:
     n = len(data)
     e = "<" if data[:2] == b"II" else ">"
@@ -226,13 +242,17 @@ def _tiff(data: bytes) -> Layout:
                 if count > MAX_TIFF_TAGS:
                     raise _complex("tiff", f"has {count} tags in its first IFD (more than {MAX_TIFF_TAGS})")
                 values = 0
-                for tag, typ, cnt in struct.iter_unpack(e + "HHI4x", data[off + 2:end]):
+                dims: dict[int, int] = {}
+                for i, (tag, typ, cnt) in enumerate(struct.iter_unpack(e + "HHI4x", data[off + 2:end])):
                     if tag in (273, 324) and cnt > MAX_TIFF_STRIPS:  # StripOffsets, TileOffsets
                         raise _complex("tiff", f"has {cnt} strips or tiles (more than {MAX_TIFF_STRIPS})")
                     if typ in _TIFF_NUMERIC:
                         values += cnt * _TIFF_NUMERIC[typ]
+                    if tag in _TIFF_DIMS and cnt == 1 and typ in (3, 4):  # SHORT or LONG, held in the entry
+                        (dims[tag],) = struct.unpack_from(e + ("H" if typ == 3 else "I"), data, off + 2 + 12 * i + 8)
                 if values > MAX_TIFF_VALUES:
                     raise _complex("tiff", f"has {values} numeric tag values (more than {MAX_TIFF_VALUES})")
+                _tiff_tiles(dims)
             (off,) = struct.unpack_from(e + "I", data, end)
     except struct.error:
         raise _corrupt("tiff", "an IFD offset points past the end") from None
