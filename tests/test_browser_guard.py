@@ -43,7 +43,7 @@ def test_json_routes_refuse_other_media_types(env, ctype):
     sim, gw = env
     n = received(sim)
     headers = {"content-type": ctype} if ctype else {}
-    for path in ("/v1/chat/completions", "/v1/completions", "/ui/api/rewrite"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/ui/api/rewrite", "/ui/api/rewrite-video"):
         r = httpx.post(gw.url + path, content=json.dumps(BODY), headers=headers)
         assert r.status_code == 415, (path, r.status_code, r.text)
         e = err(r)

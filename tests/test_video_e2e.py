@@ -203,7 +203,11 @@ def test_engine_extras_that_change_video_sampling_are_refused(module_servers, en
     r = chat(gw, [v], headers={"x-vlm-gateway-video-policy": "off"}, media_io_kwargs={"video": {"fps": 1}})
     assert r.status_code == 200, r.text
     assert sent_video(sim) == uri(CLIP) and detail(r)["outcome"] == "forwarded"
-    assert tokens_header_raw(r) == "before=unknown;after=unknown"
+    # counted from the container's header as the engine will read it (here: the engine's own
+    # sampling changed by media_io_kwargs, which only an operator's allow_media_kwargs lets through)
+    h = probe_video(CLIP, VideoSettings())
+    n = vt.video_tokens(h.opencv_frames, float(h.rate), h.width, h.height).total
+    assert tokens_header_raw(r) == f"before={n};after={n}"
     r = chat(gw, [v], headers={"x-vlm-gateway-video-policy": "fast"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "x-vlm-gateway-video-policy"
 
@@ -319,6 +323,55 @@ def test_visual_tokens_per_minute_charges_video_tokens(module_servers, env):
     with pytest.raises(openai.RateLimitError) as ei:
         c.chat.completions.create(model=SIM_MODEL, max_tokens=1, messages=messages(video_part(uri(SCREEN))))
     assert "visual tokens" in ei.value.message
+
+
+def test_rewrite_off_still_applies_the_limits_and_charges_the_tokens(module_servers, env):
+    """x-vlm-gateway-video-policy: off sends the video as it came, but it is not a way
+    around the operator's limits, the visual-token budget or the image rules."""
+    import hashlib
+    import uuid
+    sim, _ = env
+    key = "sk-video-off-" + uuid.uuid4().hex
+    gw = module_servers.gateway({"video": {"max_duration_s": 1.5, "max_frame_pixels": 320 * 240},
+                                 "auth": {"tenants": [{"name": "voff", "key_sha256": hashlib.sha256(
+                                     key.encode()).hexdigest(), "visual_tokens_per_minute": 150}]}},
+                                backends=[sim])
+    off = {"x-vlm-gateway-video-policy": "off", "authorization": f"Bearer {key}"}
+    n = len(sim.sim_requests())
+    long_clip = corpus.motion_clip(3, 320, 240, 15, seed=71)
+    big_frames = corpus.motion_clip(1, 640, 480, 15, seed=72)
+    for clip, code in ((long_clip, "video_too_long"), (big_frames, "video_frame_too_large")):
+        for headers in (off, {"authorization": f"Bearer {key}"}):
+            r = chat(gw, [video_part(uri(clip))], headers=headers)
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["code"] == code and err["param"] == "messages[0].content[1].video_url", err
+    # an image carried as "video/jpeg" (read by engines as image frames) is not a video
+    import image_corpus as C
+    for mime in ("video/jpeg", "video/mp4"):
+        r = chat(gw, [video_part(uri(C.photo_jpeg(64, 48), mime))], headers=off)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_video_format", r.text
+    assert len(sim.sim_requests()) == n
+    # a clip within the limits goes through as it came, and costs the tenant what the engine spends
+    short = corpus.motion_clip(1, 320, 240, 15, seed=73)
+    r = chat(gw, [video_part(uri(short))], headers=off)
+    assert r.status_code == 200, r.text
+    assert sent_video(sim) == uri(short) and detail(r)["outcome"] == "forwarded"
+    before, after = tokens_header(r)
+    text = chat(gw, [], headers=off).json()["usage"]["prompt_tokens"]
+    assert before == after == r.json()["usage"]["prompt_tokens"] - text > 150
+    r = chat(gw, [video_part(uri(short))], headers=off)
+    assert r.status_code == 429 and "visual tokens" in r.json()["error"]["message"], r.text
+
+
+def test_video_parts_must_hold_a_video_with_the_rewrite_disabled(module_servers, env):
+    import image_corpus as C
+    sim, _ = env
+    gw = module_servers.gateway({"video": {"enabled": False}}, backends=[sim])
+    r = chat(gw, [video_part(uri(C.photo_jpeg(64, 48), "video/jpeg"))])
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_video_format", r.text
+    r = chat(gw, [video_part(uri(CLIP))])
+    assert r.status_code == 200 and sent_video(sim) == uri(CLIP), r.text
 
 
 def test_replicas_share_rewritten_videos_through_redis(module_servers, env, tmp_path):

@@ -12,6 +12,7 @@ alone, so limits can be checked before anything is decoded.
 from __future__ import annotations
 
 import binascii
+import re
 from urllib.parse import unquote_to_bytes
 
 import pybase64
@@ -23,6 +24,10 @@ class DataUriError(ValueError):
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+# a base64 data: URI as the /ui playground takes it: data:[type/subtype][;params];base64,
+BASE64_URI = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?:;[^,]*)?;base64,", re.I)
 
 
 def is_base64(url: str) -> bool:

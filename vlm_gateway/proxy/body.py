@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 
-from ..core.errors import GatewayError, PayloadTooLarge
+import orjson
+
+from ..core.errors import BadRequest, GatewayError, PayloadTooLarge
 
 JSON_TYPES = ("application/json",)
 
@@ -72,3 +74,15 @@ async def read_json_body(scope, receive, limit: int) -> bytes:
     """``require_json`` then ``read_body``."""
     require_json(scope)
     return await read_body(scope, receive, limit)
+
+
+async def read_json_object(scope, receive, limit: int) -> dict:
+    """``read_json_body``, parsed: a JSON object or a 400 (the /ui API routes)."""
+    raw = await read_json_body(scope, receive, limit)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BadRequest("Request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("Request body must be a JSON object", code="invalid_json")
+    return body

@@ -18,7 +18,6 @@ admin key is, /ui is disabled: the status view would show every tenant's traffic
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,12 +30,12 @@ from starlette.staticfiles import StaticFiles
 
 from .. import metrics
 from ..config import GatewayConfig
-from ..data_uri import DataUriError, decode as data_uri_decode
+from ..data_uri import BASE64_URI, DataUriError, decode as data_uri_decode
 from ..stages.auth import check_admin
 from ..stages.images.stage import PLAN, ImageRewriter
 from ..vision_tokens import visual_tokens
 from . import recent
-from .body import read_json_body
+from .body import read_json_object
 from ..core.errors import BadRequest, GatewayError, NotFound
 from ..core.request import ChatRequest, ImagePart
 
@@ -44,7 +43,6 @@ if TYPE_CHECKING:
     from .gateway import Gateway
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "ui"
-_DATA_URI = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?:;[^,]*)?;base64,", re.I)
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -92,7 +90,7 @@ def _describe(data: bytes, cfg: GatewayConfig) -> dict[str, Any]:
 
 
 def _decode_data_uri(value: Any) -> tuple[bytes, str]:
-    if not isinstance(value, str) or not _DATA_URI.match(value):
+    if not isinstance(value, str) or not BASE64_URI.match(value):
         raise BadRequest("'image' must be a base64 data URI (data:image/...;base64,...)",
                          param="image", code="invalid_type")
     try:
@@ -164,17 +162,11 @@ def routes_rewrite(cfg: GatewayConfig):
         gw = _gateway(request)
         # the chat route's streaming limit: never more than max_body_bytes in memory
         try:
-            raw = await read_json_body(request.scope, request.receive, cfg.server.max_body_bytes)
+            body = await read_json_object(request.scope, request.receive, cfg.server.max_body_bytes)
         except asyncio.CancelledError:
             if asyncio.current_task().cancelling():
                 raise
             return Response(status_code=400)  # the client went away mid-body: nobody reads this
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            raise BadRequest("Request body is not valid JSON", code="invalid_json") from None
-        if not isinstance(body, dict):
-            raise BadRequest("Request body must be a JSON object", code="invalid_json")
         models = gw.pool.models()
         model = body.get("model") or (models[0] if models else "")
         if not isinstance(model, str) or not model:

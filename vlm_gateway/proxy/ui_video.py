@@ -12,7 +12,7 @@ APIs' (ui.py).
 
 from __future__ import annotations
 
-import re
+import asyncio
 import time
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -25,40 +25,20 @@ from .. import data_uri
 from ..config import GatewayConfig
 from ..stages.images.media import MediaStage
 from ..stages.video.stage import engine_frames
-from ..core.errors import BadRequest, PayloadTooLarge
+from ..core.errors import BadRequest
 from ..core.request import ChatRequest, MediaPart
+from .body import read_json_object
 
 if TYPE_CHECKING:
     from .gateway import Gateway
-
-_DATA_URI = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?:;[^,]*)?;base64,", re.I)
-
 
 def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json",
                     headers={"cache-control": "no-store"})
 
 
-async def _body(request: Request, limit: int) -> dict:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes", code="body_too_large")
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > limit:
-            raise PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes", code="body_too_large")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise BadRequest("Request body is not valid JSON", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise BadRequest("Request body must be a JSON object", code="invalid_json")
-    return body
-
-
 def _video_bytes(value: Any) -> bytes:
-    if not isinstance(value, str) or not _DATA_URI.match(value):
+    if not isinstance(value, str) or not data_uri.BASE64_URI.match(value):
         raise BadRequest("'video' must be a base64 data URI (data:video/...;base64,...)", param="video",
                          code="invalid_type")
     try:
@@ -70,7 +50,12 @@ def _video_bytes(value: Any) -> bytes:
 def route(cfg: GatewayConfig):
     async def rewrite_video(request: Request) -> Response:
         gw: "Gateway" = request.app.state.gateway
-        body = await _body(request, cfg.server.max_body_bytes)
+        try:
+            body = await read_json_object(request.scope, request.receive, cfg.server.max_body_bytes)
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise
+            return Response(status_code=400)  # the client went away mid-body: nobody reads this
         models = gw.pool.models()
         model = body.get("model") or (models[0] if models else "")
         if not isinstance(model, str) or not model:

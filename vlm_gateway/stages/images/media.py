@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ... import metrics
 from ...config import GatewayConfig
+from ...core.errors import BadRequest
 from ...core.stage import Stage
 from .decode import ImageError
 from .encode import data_uri
@@ -86,10 +87,24 @@ def mime_of(data: bytes, declared: str, kind: str) -> str:
 async def forward(req: "ChatRequest", part: "MediaPart", src: Source) -> Sent:
     """The bytes as they came: a data: URI or inline payload untouched, a fetched
     body inlined as a data: URI, a checked pass-through URL unchanged."""
+    if part.kind == "video" and src.data is not None:
+        _video_container(part, src.data)
     if src.kind == "url":
         assert src.data is not None
         return Sent(data_uri(src.data, mime_of(src.data, src.content_type, part.kind)), src.hash)
     return Sent(None, src.hash)
+
+
+def _video_container(part: "MediaPart", data: bytes) -> None:
+    """A video part must hold a video container (by its magic bytes, whatever its MIME
+    type says): engines read ``video/jpeg`` as image frames, which would carry an image
+    past every image rule."""
+    from ..video.errors import VideoError
+    from ..video.probe import sniff
+    try:
+        sniff(data)
+    except VideoError as e:
+        raise BadRequest(f"Invalid video at {part.param}: {e}", param=part.param, code=e.code) from None
 
 
 REWRITES: dict[str, MediaRewrite] = {"video": forward, "audio": forward, "embeds": forward}

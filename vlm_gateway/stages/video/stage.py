@@ -17,8 +17,9 @@ its code; without PyAV the gateway answers 501 ``video_unavailable``: the reques
 valid, this gateway lacks the decoder (the log says so at start).
 
 Not rewritten, and said so in the headers: ``video.enabled: false``, the request header
-``x-vlm-gateway-video-policy: off`` (both forward the bytes as they came) and URLs under
-``images.url_mode: passthrough`` (the engine fetches; tokens unknown).
+``x-vlm-gateway-video-policy: off`` (both forward the bytes as they came; with the header the
+container's header is still checked against every limit and the source's tokens are
+counted) and URLs under ``images.url_mode: passthrough`` (the engine fetches; tokens unknown).
 
 Tokens (video_tokens.py): ``before`` is what the source would add to the prompt, as the
 engine reads it; ``after`` what the output adds (every output frame is sampled). Both
@@ -181,7 +182,7 @@ class VideoRewriter(Hooks):
         if src.kind == "url_passthrough":
             return self._record(req, part, VideoSent("url_passthrough"), await forward(req, part, src))
         if _policy(req) == "off":
-            return self._record(req, part, VideoSent("forwarded"), await forward(req, part, src))
+            return await self._forwarded(req, part, src)
         settings, skey = self.settings(req.model)
         key = f"{src.hash}|{skey}"
         entry = await self.l1.get(key)
@@ -197,13 +198,31 @@ class VideoRewriter(Hooks):
             try:
                 entry = await asyncio.shield(job)
             except VideoError as e:
-                metrics.VIDEOS.labels("refused").inc()
-                if e.code == "video_unavailable":
-                    raise GatewayError(f"Cannot read the video at {part.param}: {e}", param=part.param, code=e.code,
-                                       status=501, type="server_error") from None
-                raise BadRequest(f"Invalid video at {part.param}: {e}", param=part.param, code=e.code) from None
+                raise _refusal(part, e) from None
         sent = VideoSent(outcome, entry, entry.tokens_before, entry.tokens_after)
         return self._record(req, part, sent, Sent(data_uri(entry.data, entry.mime), entry.identity))
+
+    async def _forwarded(self, req: "ChatRequest", part: "MediaPart", src: "Source") -> "Sent":
+        """The bytes as they came, for a request that turned the rewrite off: still the
+        container and codec checks and the limits on size, duration, frames and frame pixels
+        (read from the container's header, as the rewrite's first gate does), and the tokens
+        the engine will spend on it, counted (so rate limits charge them). Without PyAV only
+        the container's magic bytes are checked and the count is unknown."""
+        from ..images.media import forward
+        from .probe import sniff
+        tokens = 0
+        if src.data is not None:
+            settings, _ = self.settings(req.model)
+            try:
+                sniff(src.data)
+                if self.available:
+                    from .rewrite import probe_video, source_tokens
+                    header = await self.pool.run(probe_video, src.data, settings)
+                    counted = source_tokens(header, settings, self.count)
+                    tokens = counted.total if counted is not None else 0
+            except VideoError as e:
+                raise _refusal(part, e) from None
+        return self._record(req, part, VideoSent("forwarded", None, tokens, tokens), await forward(req, part, src))
 
     async def _job(self, key: str, data: bytes, settings: VideoSettings, model: str) -> VideoEntry:
         if not self.available:
@@ -255,6 +274,9 @@ class VideoRewriter(Hooks):
         metrics.VIDEOS.labels(v.outcome).inc()
         e = v.entry
         if e is None:
+            if v.after:  # forwarded as it came: what the engine spends on it, nothing saved
+                metrics.VIDEO_TOKENS.labels(req.model, "before").inc(v.before)
+                metrics.VIDEO_TOKENS.labels(req.model, "after").inc(v.after)
             return
         if v.outcome == "rewritten":
             metrics.VIDEO_FRAMES.labels("decoded").inc(e.decoded_frames)
@@ -307,6 +329,14 @@ def describe(param: str, v: VideoSent, spec: VideoProcessorSpec = QWEN3_VL) -> s
             f"rate={_rate_text(e.src_rate)}->{_rate_text(e.rate)}; "
             f"size={e.src_width}x{e.src_height}->{e.width}x{e.height}; states={e.states}; plan={e.plan}; "
             f"seconds={e.duration_s:.3f}")
+
+
+def _refusal(part: "MediaPart", e: VideoError) -> GatewayError:
+    metrics.VIDEOS.labels("refused").inc()
+    if e.code == "video_unavailable":
+        return GatewayError(f"Cannot read the video at {part.param}: {e}", param=part.param, code=e.code,
+                            status=501, type="server_error")
+    return BadRequest(f"Invalid video at {part.param}: {e}", param=part.param, code=e.code)
 
 
 def _videos(req: "ChatRequest") -> list["MediaPart"]:
