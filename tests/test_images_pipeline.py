@@ -317,6 +317,26 @@ def test_small_images_are_verified_before_passing_through(name, data):
         assert e.value.code == "image_corrupt", (name, cut)
 
 
+def test_corrupted_gif_pixel_data_is_caught():
+    """GIF blocks have no checksum: flipping the LZW bytes keeps every block intact, so only
+    a decode finds it."""
+    im = Image.fromarray(np.random.default_rng(2).integers(0, 255, (100, 150)).astype(np.uint8)).convert("P")
+    b = io.BytesIO()
+    im.save(b, "GIF")
+    good = b.getvalue()
+    assert rewrite_bytes(good).passthrough
+    d = bytearray(good)
+    i = d.index(0x2C, 13 + 3 * 2 ** ((d[10] & 7) + 1) if d[10] & 0x80 else 13)  # image descriptor
+    j = i + 10 + 1 + (3 * 2 ** ((d[i + 9] & 7) + 1) if d[i + 9] & 0x80 else 0)  # LZW data sub-blocks
+    while d[j]:
+        for k in range(j + 1, j + 1 + d[j]):
+            d[k] ^= 0xA5
+        j += d[j] + 1
+    with pytest.raises(ImageError) as e:
+        rewrite_bytes(bytes(d))
+    assert e.value.code == "image_corrupt"
+
+
 def test_corrupted_png_chunk_caught_by_its_crc():
     data = bytearray(C.screenshot_png(600, 400, (40, 20)))
     data[len(data) // 2] ^= 0x55

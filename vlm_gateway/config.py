@@ -641,7 +641,7 @@ def _validate_discovery(entries: list[DiscoveryConfig]) -> None:
                 "kubernetes": ("kubernetes_asyncio", "kubernetes-asyncio", "kubernetes")}[d.kind]
         if importlib.util.find_spec(need[0]) is None:
             raise ConfigError(f"{key}.kind: {d.kind} discovery needs {need[1]} "
-                              f"(pip install 'vlm-gateway[{need[2]}]')")
+                              f"(the '{need[2]}' extra: pip install '.[{need[2]}]' in the gateway's checkout)")
 
 
 # The image keys images.models.NAME and a tenant's images may set over the images section

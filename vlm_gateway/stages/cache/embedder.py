@@ -101,7 +101,7 @@ class Embedder:
             from tokenizers import Tokenizer
         except ImportError:
             raise EmbedderUnavailable("the semantic cache needs the `tokenizers` package: "
-                                      "pip install 'vlm-gateway[semantic]'") from None
+                                      "pip install '.[semantic]' in the gateway's checkout") from None
         d = Path(model_dir) if model_dir else default_model_dir()
         if not (d / "model.safetensors").is_file() or not (d / "tokenizer.json").is_file():
             raise EmbedderUnavailable(f"{d} lacks model.safetensors / tokenizer.json")

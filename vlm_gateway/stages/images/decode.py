@@ -35,7 +35,7 @@ from PIL import Image, ImageOps, PngImagePlugin, features
 from . import colour, structure, vips
 from .errors import ImageError
 
-try:  # HEIC/HEIF: optional extra (pip install 'vlm-gateway[heif]')
+try:  # HEIC/HEIF: optional extra (the heif extra: pip install '.[heif]')
     import pillow_heif
 
     # one decode thread per job: the bounded pool is what spends the cores
@@ -451,9 +451,10 @@ def verify(op: Opened) -> Decoded | None:
             im.draft(None, (max(1, im.width // 8), max(1, im.height // 8)))
             im.load()
             return None
-        if op.format in ("png", "gif") and im.mode in ("RGB", "L", "P", "1") and "transparency" not in im.info:
-            # the capped scan already checked every PNG chunk's CRC and IEND, every GIF block:
-            # truncation and corruption are caught without inflating (see docs/benchmarks/images.md)
+        if op.format == "png" and im.mode in ("RGB", "L", "P", "1") and "transparency" not in im.info:
+            # the capped scan already checked every PNG chunk's CRC and IEND: truncation and
+            # corruption are caught without inflating (see docs/benchmarks/images.md). A GIF's
+            # blocks carry no checksum, so a GIF is decoded (LZW is cheap at these sizes).
             return None
         im.load()
         check_size(op.format, *im.size, op.max_pixels)

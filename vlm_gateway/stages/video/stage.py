@@ -122,7 +122,7 @@ class VideoRewriter(Hooks):
         self.available = pyav_available()
         if not self.available:
             log.warning("video.enabled is on but PyAV is not installed: video_url parts whose bytes the gateway "
-                        "holds are answered with 501 video_unavailable (pip install 'vlm-gateway[video]', or set "
+                        "holds are answered with 501 video_unavailable (the video extra: pip install '.[video]' in the checkout; or set "
                         "video.enabled: false to forward videos untouched)")
 
     async def close(self) -> None:
