@@ -21,7 +21,7 @@ PKG = Path(__file__).resolve().parent.parent / "vlm_gateway"
 # first matching prefix wins
 LAYERS = [
     ("vlm_gateway.core", 0),
-    ("vlm_gateway.config", 1), ("vlm_gateway.config_values", 1), ("vlm_gateway.metrics", 1),
+    ("vlm_gateway.config", 1), ("vlm_gateway.config_values", 1), ("vlm_gateway.config_load", 1), ("vlm_gateway.metrics", 1),
     ("vlm_gateway.hashing", 1), ("vlm_gateway.vision_tokens", 1), ("vlm_gateway.video_tokens", 1),
     ("vlm_gateway.redis_keys", 1), ("vlm_gateway.redis_clients", 1), ("vlm_gateway.logs", 1),
     ("vlm_gateway.data_uri", 1), ("vlm_gateway.lru", 1), ("vlm_gateway.backoff", 1),
@@ -139,4 +139,29 @@ def test_no_type_checking_import_hides_a_cycle():
 
     bad = [f"{m} imports {t} under TYPE_CHECKING (line {n}), and {t} imports {m} back"
            for m, t, n, k in imports() if k == "typing" and reaches(t, m)]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_inside_a_function_hides_a_cycle():
+    """Likewise for an import inside a function: it may keep start-up light (an optional
+    dependency, a heavy module), never stand in for a cycle the layers should not have."""
+    graph: dict[str, set[str]] = {}
+    for m, t, _, k in imports():
+        if k in ("top", "lazy"):
+            graph.setdefault(m, set()).add(t)
+
+    def reaches(src: str, dst: str) -> bool:
+        seen, todo = set(), [src]
+        while todo:
+            m = todo.pop()
+            if m == dst:
+                return True
+            if m in seen:
+                continue
+            seen.add(m)
+            todo += graph.get(m, ())
+        return False
+
+    bad = sorted({f"{m} imports {t} inside a function (line {n}), and {t} imports {m} back"
+                  for m, t, n, k in imports() if k == "lazy" and t != m and reaches(t, m)})
     assert not bad, "\n".join(bad)

@@ -6,7 +6,7 @@ by GPU profile and live load. The public surface is small on purpose:
     from vlm_gateway import create_app, load_config, GatewayConfig, visual_tokens
 
 ``load_config`` is the one complete check of a configuration: the base layer's
-``config.read_config`` (types and values), then the names the backends define
+``config_load.read_config`` (types and values), then the names the backends define
 (``backends/config_names.py``: routing policies, GPU and simulator profiles).
 """
 
@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 import typing  # noqa: E402
 from typing import Any  # noqa: E402
 
-from . import config as _config  # noqa: E402
+from . import config_load as _config  # noqa: E402
 from .config import ConfigError, GatewayConfig  # noqa: E402
 from .vision_tokens import smart_resize, visual_tokens  # noqa: E402
 

@@ -9,10 +9,11 @@ override the file; their values are parsed as YAML scalars/lists.
 Errors name the offending key (``images.max_long_side: expected int, got 'big'``)
 and the CLI exits with status 2. ``docs/CONFIG.md`` is generated from this module.
 
-``read_config`` builds the model and checks every value this layer can judge
-(``validate``: types, ranges, URLs, relations, ``config_values.py``). The names that
-the layers above define (routing policies, GPU and simulator profiles) are checked
-by them: ``vlm_gateway.load_config`` is ``read_config`` followed by that check.
+``build_config`` builds the model (every key's type); ``config_load.read_config`` then
+checks every value this layer can judge (``config_values.py``: ranges, URLs, hosts,
+paths, relations). The names that the layers above define (routing policies, GPU and
+simulator profiles) are checked by them: ``vlm_gateway.load_config`` is ``read_config``
+followed by that check.
 """
 
 from __future__ import annotations
@@ -581,10 +582,10 @@ def _apply_env(data: dict[str, Any], environ: typing.Mapping[str, str]) -> None:
         node[path[-1]] = value
 
 
-def read_config(path: str | None = None, environ: typing.Mapping[str, str] | None = None,
-                overrides: dict[str, Any] | None = None) -> GatewayConfig:
+def build_config(path: str | None = None, environ: typing.Mapping[str, str] | None = None,
+                 overrides: dict[str, Any] | None = None) -> GatewayConfig:
     """Read YAML (optional), apply ``VLM_GATEWAY_*`` env vars, then ``overrides``; every
-    value checked but the names the upper layers define (``vlm_gateway.load_config``)."""
+    key's type checked. The values are checked above (``config_load.read_config``)."""
     environ = os.environ if environ is None else environ
     path = path or environ.get(ENV_PREFIX + "CONFIG") or None
     data: dict[str, Any] = {}
@@ -604,16 +605,12 @@ def read_config(path: str | None = None, environ: typing.Mapping[str, str] | Non
     _apply_env(data, environ)
     for k, v in (overrides or {}).items():
         data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
-    cfg = _build(GatewayConfig, data)
-    validate(cfg)
-    return cfg
+    return _build(GatewayConfig, data)
 
 
-def validate(cfg: GatewayConfig) -> None:
-    """Checks that go beyond types: ranges, URLs, hosts, paths and keys that depend on
-    each other (``config_values.py``)."""
-    from .config_values import check
-    check(cfg)
+def validate_relations(cfg: GatewayConfig) -> None:
+    """Relations this model states itself (discovery entries, per-model coordinates, video
+    rates); each key's own range is checked by ``config_values.check``."""
     _validate_discovery(cfg.discovery)
     _validate_model_coordinates(cfg.images)
     _validate_video(cfg.video)

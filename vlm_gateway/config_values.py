@@ -28,11 +28,11 @@ import typing
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-if typing.TYPE_CHECKING:
-    from .config import GatewayConfig
+from .config import _COORDINATE_KEYS, IMAGE_OVERRIDE_KEYS, ConfigError, GatewayConfig, ImagesConfig, _convert
+from .redis_keys import PREFIX_RE
 
 # (value, whole config) -> what is wrong, or None
-Rule = Callable[[Any, "GatewayConfig"], "str | None"]
+Rule = Callable[[Any, GatewayConfig], "str | None"]
 
 _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -423,7 +423,6 @@ NAMED_ABOVE: dict[str, str] = {
 
 
 def _prefix_ok(v: str) -> bool:
-    from .redis_keys import PREFIX_RE
     return bool(PREFIX_RE.match(v))
 
 
@@ -443,8 +442,7 @@ def leaves(obj: Any, path: str = "") -> typing.Iterator[tuple[str, str, Any]]:
             yield key, re.sub(r"\[\d+\]", "[]", key), value
 
 
-def check(cfg: "GatewayConfig") -> None:
-    from .config import ConfigError
+def check(cfg: GatewayConfig) -> None:
     for key, pattern, value in leaves(cfg):
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}: must be a finite number, got {value!r}")
@@ -460,7 +458,6 @@ def check(cfg: "GatewayConfig") -> None:
 
 def _images(ic, key: str) -> None:
     """Image budget relations, for the global section and each per-model override."""
-    from .config import ConfigError
     if ic.max_long_side < ic.grid_factor:
         raise ConfigError(f"{key}max_long_side: must be >= {key}grid_factor ({ic.grid_factor}), got {ic.max_long_side}")
     for k in ("detail_low_long_side", "detail_high_long_side", "text_max_long_side", "photo_long_side"):
@@ -470,9 +467,8 @@ def _images(ic, key: str) -> None:
         raise ConfigError(f"{key}max_pixels: must be >= {key}min_pixels ({ic.min_pixels}), got {ic.max_pixels}")
 
 
-def _image_overrides(cfg: "GatewayConfig", over, base: str, extra_keys: tuple[str, ...]) -> None:
+def _image_overrides(cfg: GatewayConfig, over, base: str, extra_keys: tuple[str, ...]) -> None:
     """A mapping of image keys over the global section (images.models.NAME, a tenant's images)."""
-    from .config import IMAGE_OVERRIDE_KEYS, ConfigError, ImagesConfig, _convert
     hints = typing.get_type_hints(ImagesConfig)
     if not isinstance(over, dict):
         raise ConfigError(f"{base}: expected a mapping of image keys, got {over!r}")
@@ -491,8 +487,7 @@ def _image_overrides(cfg: "GatewayConfig", over, base: str, extra_keys: tuple[st
     _images(dataclasses.replace(cfg.images, **values), f"{base}.")
 
 
-def _across(cfg: "GatewayConfig") -> None:
-    from .config import _COORDINATE_KEYS, ConfigError
+def _across(cfg: GatewayConfig) -> None:
     _images(cfg.images, "images.")
     for model, over in cfg.images.models.items():
         _image_overrides(cfg, over, f"images.models.{model}", _COORDINATE_KEYS)
@@ -520,7 +515,6 @@ def _across(cfg: "GatewayConfig") -> None:
 
 def _slo(s) -> None:
     """The controller's thresholds must leave a band between stepping up and stepping down."""
-    from .config import ConfigError
     if s.up_at >= s.down_at:
         raise ConfigError(f"slo.up_at: must be < slo.down_at ({s.down_at:g}), got {s.up_at:g}")
     if s.early_at > s.down_at:
@@ -532,12 +526,11 @@ def _slo(s) -> None:
                           f"got {len(s.text_scales)}")
 
 
-def per_process_limits(cfg: "GatewayConfig") -> None:
+def per_process_limits(cfg: GatewayConfig) -> None:
     """Several workers without Redis: each worker would keep its own buckets and slots,
     so every per-tenant limit would be multiplied by the worker count. Refused (rather
     than divided: a client on one keep-alive connection stays on one worker and would
     get only limit/workers)."""
-    from .config import ConfigError
     if cfg.server.workers <= 1 or cfg.redis_url:
         return
     for i, t in enumerate(cfg.auth.tenants):

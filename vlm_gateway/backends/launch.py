@@ -148,7 +148,8 @@ def command_for(profile: dict[str, Any], model: str, host: str, port: int, serve
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from ..config import ConfigError, read_config
+    from ..config import ConfigError
+    from ..config_load import read_config
     from . import config_names
     from .profiles import load_profiles
     try:

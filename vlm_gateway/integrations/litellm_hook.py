@@ -41,7 +41,8 @@ from litellm.integrations.custom_logger import CustomLogger
 
 from .. import data_uri
 from ..backends import config_names
-from ..config import GatewayConfig, ImagesConfig, read_config
+from ..config import GatewayConfig, ImagesConfig
+from ..config_load import read_config
 from ..lru import LRU
 from ..stages.images import Policy, rewrite_bytes
 from ..stages.images.decode import ImageError

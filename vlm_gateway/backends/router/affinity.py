@@ -54,7 +54,7 @@ from ...core.clock import Clock, monotonic
 from ...lru import LRU
 from ...vision_tokens import (MARKER_TOKENS, TEMPLATE_TOKENS_PER_MESSAGE, estimate_prompt_tokens,
                               estimate_text_tokens, visual_tokens)
-from . import register
+from .policy import register
 from .least_loaded import DEFAULT_CAPACITY, LeastLoaded, load
 
 # an image whose size is unknown (no image stage) counts as this many tokens

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from . import Policy, register
+from .policy import Policy, register
 
 DEFAULT_CAPACITY = 64
 # scraped figures older than this are ignored (engine unreachable for metrics)

@@ -8,7 +8,7 @@ prefix caches; the baseline the others beat.
 
 from __future__ import annotations
 
-from . import Policy, register
+from .policy import Policy, register
 
 
 @register("round_robin")

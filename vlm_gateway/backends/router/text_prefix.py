@@ -11,7 +11,7 @@ therefore look identical to it.
 
 from __future__ import annotations
 
-from . import register
+from .policy import register
 from .affinity import PrefixAffinity
 
 

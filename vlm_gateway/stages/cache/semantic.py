@@ -35,6 +35,7 @@ import numpy as np
 
 from ... import metrics
 from ...backoff import Backoff
+from ...lru import LRU
 from . import guard
 
 if TYPE_CHECKING:
@@ -263,9 +264,8 @@ class SemanticCache:
         self.pending = 0
         self.skipped = 0
         self.origin = os.urandom(8).hex()
-        # worker-thread only
-        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
-        self.memo_size = 4096
+        # worker-thread only (so the LRU needs no lock)
+        self._memo: LRU[str, np.ndarray] = LRU(max_entries=4096)
         self.redis = None
         self.stream_key = ""
         self.stream_max = max_total
@@ -292,11 +292,8 @@ class SemanticCache:
         ("Describe this image.") is common, and the encoder is the costly part."""
         v = self._memo.get(question)
         if v is None:
-            v = self._memo[question] = self.embedder.embed_one(question)
-            if len(self._memo) > self.memo_size:
-                self._memo.popitem(last=False)
-        else:
-            self._memo.move_to_end(question)
+            v = self.embedder.embed_one(question)
+            self._memo.put(question, v)
         return v
 
     async def embed(self, question: str) -> np.ndarray | None:

@@ -49,6 +49,7 @@ from ...video_tokens import (QWEN3_VL, TimestampCounter, VideoProcessorSpec, qwe
                              tokenizer_counter, video_tokens)
 from ..images import policy as image_policy
 from ..images.encode import data_uri
+from ..images.forward import Sent, forward
 from ..images.pool import BoundedPool, cores
 from .budget import frame_budget, legibility_budget
 from .errors import VideoError
@@ -58,7 +59,6 @@ from .settings import VideoSettings
 if TYPE_CHECKING:
     from ...backends.backend import Backend
     from ...core.request import ChatRequest, MediaPart
-    from ..images.media import Sent
     from ..images.source import Source
 
 log = logging.getLogger("vlm_gateway.video")
@@ -178,7 +178,6 @@ class VideoRewriter(Hooks):
 
     # -- the rewrite --------------------------------------------------------------------------
     async def __call__(self, req: "ChatRequest", part: "MediaPart", src: "Source") -> "Sent":
-        from ..images.media import Sent, forward
         if src.kind == "url_passthrough":
             return self._record(req, part, VideoSent("url_passthrough"), await forward(req, part, src))
         if _policy(req) == "off":
@@ -208,7 +207,6 @@ class VideoRewriter(Hooks):
         (read from the container's header, as the rewrite's first gate does), and the tokens
         the engine will spend on it, counted (so rate limits charge them). Without PyAV only
         the container's magic bytes are checked and the count is unknown."""
-        from ..images.media import forward
         from .probe import sniff
         tokens = 0
         if src.data is not None:
