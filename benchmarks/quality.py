@@ -59,17 +59,20 @@ def source_image(data: bytes) -> Image.Image:
 
 
 def seen(r, src: Image.Image) -> Image.Image:
-    """What the reader gets: the sent pixels at the source size (the content box when trimmed)."""
+    """What the reader gets: the sent pixels scaled back to the source size, a trimmed
+    content box put back in its place on the source's canvas (outside it the trim removed
+    only a flat border), so the reader sees the same layout as in the raw image."""
     if r.passthrough:
         return src
     import io
     im = Image.open(io.BytesIO(r.data)).convert("RGB")
-    if r.view:
-        w = max(1, round(r.view[4] - r.view[2]))
-        h = max(1, round(r.view[5] - r.view[3]))
-    else:
-        w, h = src.size
-    return im.resize((w, h), Image.Resampling.BICUBIC) if im.size != (w, h) else im
+    if not r.view:
+        return im.resize(src.size, Image.Resampling.BICUBIC) if im.size != src.size else im
+    box = tuple(round(v) for v in r.view[2:6])
+    size = (max(1, box[2] - box[0]), max(1, box[3] - box[1]))
+    canvas = src.copy()
+    canvas.paste(im.resize(size, Image.Resampling.BICUBIC) if im.size != size else im, box[:2])
+    return canvas
 
 
 def decision_ms(data: bytes, policy: Policy, repeats: int = 15) -> float:
@@ -282,6 +285,9 @@ def report(res: dict) -> None:
         rawc = f"{raw['tokens']} t: {raw['tesseract']:.2f} / {raw['rapidocr']:.2f}" if raw else "-"
         lines.append(f"| {c['class']} ({c['name']}) | " + " | ".join(cells) + f" | {rawc} | "
                      f"{c['legible']['long_side']} ({c['legible']['tokens']} t) |")
+    notes = OUT / "quality-notes.md"  # hand-written analysis kept below the generated tables
+    if notes.exists():
+        lines += ["", notes.read_text().strip()]
     (OUT / "quality.md").write_text("\n".join(lines) + "\n")
     plot(res)
 
