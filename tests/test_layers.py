@@ -102,6 +102,31 @@ def imports():
     return out
 
 
+def _reach(kinds: tuple[str, ...], packages: bool):
+    """reaches(src, dst): src imports dst, directly or through others, by imports of these
+    kinds; with ``packages`` importing a submodule also runs its packages' __init__."""
+    graph: dict[str, set[str]] = {}
+    for m, t, _, k in imports():
+        if k in kinds:
+            graph.setdefault(m, set()).add(t)
+
+    def reaches(src: str, dst: str) -> bool:
+        seen, todo = set(), [src]
+        while todo:
+            m = todo.pop()
+            if m == dst:
+                return True
+            if m in seen:
+                continue
+            seen.add(m)
+            todo += graph.get(m, ())
+            if packages:
+                parts = m.split(".")
+                todo += [".".join(parts[:i]) for i in range(2, len(parts))]
+        return False
+    return reaches
+
+
 def test_no_import_goes_up_a_layer():
     bad = [f"{m} ({NAMES[layer(m)]}) imports {t} ({NAMES[layer(t)]}) at line {n} [{k}]"
            for m, t, n, k in imports() if layer(t) > layer(m)]
@@ -117,26 +142,7 @@ def test_the_core_imports_nothing_else_from_the_package():
 def test_no_type_checking_import_hides_a_cycle():
     """A TYPE_CHECKING import A -> B is fine only where B does not import A back (at
     module level, directly or through others): then A could import B for real."""
-    graph: dict[str, set[str]] = {}
-    for m, t, _, k in imports():
-        if k == "top":
-            graph.setdefault(m, set()).add(t)
-
-    def reaches(src: str, dst: str) -> bool:
-        seen, todo = set(), [src]
-        while todo:
-            m = todo.pop()
-            if m == dst:
-                return True
-            if m in seen:
-                continue
-            seen.add(m)
-            todo += graph.get(m, ())
-            # importing a submodule runs its packages' __init__ first
-            parts = m.split(".")
-            todo += [".".join(parts[:i]) for i in range(2, len(parts))]
-        return False
-
+    reaches = _reach(("top",), packages=True)
     bad = [f"{m} imports {t} under TYPE_CHECKING (line {n}), and {t} imports {m} back"
            for m, t, n, k in imports() if k == "typing" and reaches(t, m)]
     assert not bad, "\n".join(bad)
@@ -145,23 +151,7 @@ def test_no_type_checking_import_hides_a_cycle():
 def test_no_import_inside_a_function_hides_a_cycle():
     """Likewise for an import inside a function: it may keep start-up light (an optional
     dependency, a heavy module), never stand in for a cycle the layers should not have."""
-    graph: dict[str, set[str]] = {}
-    for m, t, _, k in imports():
-        if k in ("top", "lazy"):
-            graph.setdefault(m, set()).add(t)
-
-    def reaches(src: str, dst: str) -> bool:
-        seen, todo = set(), [src]
-        while todo:
-            m = todo.pop()
-            if m == dst:
-                return True
-            if m in seen:
-                continue
-            seen.add(m)
-            todo += graph.get(m, ())
-        return False
-
+    reaches = _reach(("top", "lazy"), packages=False)
     bad = sorted({f"{m} imports {t} inside a function (line {n}), and {t} imports {m} back"
                   for m, t, n, k in imports() if k == "lazy" and t != m and reaches(t, m)})
     assert not bad, "\n".join(bad)

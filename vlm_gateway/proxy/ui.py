@@ -35,7 +35,7 @@ from ..stages.auth import check_admin
 from ..stages.images.stage import PLAN, ImageRewriter
 from ..vision_tokens import visual_tokens
 from . import recent
-from .body import read_json_object
+from .playground_body import model_of, read_object
 from ..core.errors import BadRequest, GatewayError, NotFound
 from ..core.request import ChatRequest, ImagePart
 
@@ -161,17 +161,10 @@ def routes_rewrite(cfg: GatewayConfig):
     async def rewrite(request: Request) -> Response:
         gw = _gateway(request)
         # the chat route's streaming limit: never more than max_body_bytes in memory
-        try:
-            body = await read_json_object(request.scope, request.receive, cfg.server.max_body_bytes)
-        except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():
-                raise
+        body = await read_object(request, cfg.server.max_body_bytes)
+        if body is None:
             return Response(status_code=400)  # the client went away mid-body: nobody reads this
-        models = gw.pool.models()
-        model = body.get("model") or (models[0] if models else "")
-        if not isinstance(model, str) or not model:
-            raise BadRequest("'model' is required (no backend serves any model yet)", param="model",
-                             code="missing_required_parameter")
+        model = model_of(body, gw)
         detail = body.get("detail") or "auto"
         src, data_uri = _decode_data_uri(body.get("image"))
         loop = asyncio.get_running_loop()

@@ -12,7 +12,6 @@ APIs' (ui.py).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,7 @@ from ..stages.images.media import MediaStage
 from ..stages.video.stage import engine_frames
 from ..core.errors import BadRequest
 from ..core.request import ChatRequest, MediaPart
-from .body import read_json_object
+from .playground_body import model_of, read_object
 
 if TYPE_CHECKING:
     from .gateway import Gateway
@@ -50,17 +49,10 @@ def _video_bytes(value: Any) -> bytes:
 def route(cfg: GatewayConfig):
     async def rewrite_video(request: Request) -> Response:
         gw: "Gateway" = request.app.state.gateway
-        try:
-            body = await read_json_object(request.scope, request.receive, cfg.server.max_body_bytes)
-        except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():
-                raise
+        body = await read_object(request, cfg.server.max_body_bytes)
+        if body is None:
             return Response(status_code=400)  # the client went away mid-body: nobody reads this
-        models = gw.pool.models()
-        model = body.get("model") or (models[0] if models else "")
-        if not isinstance(model, str) or not model:
-            raise BadRequest("'model' is required (no backend serves any model yet)", param="model",
-                             code="missing_required_parameter")
+        model = model_of(body, gw)
         value = body.get("video")
         src_len = len(_video_bytes(value))
         stage = gw.chain.find(MediaStage)
