@@ -53,11 +53,10 @@ def test_photos_have_no_text_and_reduced_decodes_convert_the_size():
 
 
 def test_choose_rule():
-    assert Policy().legible_text_px == 7.0  # the default; the arithmetic below pins 6.5
-    # 1920 * 7 / 8 = 1680 -> 1696: within 15 % of the source, which is sent as it is
-    b = choose(Estimate("text", 8.0, 0.4, 0.3, 50, 0.5), 1920, Policy())
+    # a larger legible size: 1920 * 7 / 8 = 1680 -> 1696, within 15 % of the source: sent as it is
+    b = choose(Estimate("text", 8.0, 0.4, 0.3, 50, 0.5), 1920, Policy(legible_text_px=7.0))
     assert (b.long_side, b.legible_floor, b.reason) == (1920, 1696, "source")
-    p = Policy(legible_text_px=6.5)
+    p = Policy()
     text = Estimate("text", 8.0, 0.4, 0.3, 50, 0.5)
     b = choose(text, 1920, p)
     # 1920 * 6.5 / 8 = 1560 -> 1568 on the 32 px grid

@@ -205,8 +205,8 @@ class ImagesConfig:
     # image_max_long_side and max_pixels still bound it.
     text_max_long_side: int = 2560
     # Legible text size after scaling, in px: the x-height of Latin text (measured with
-    # tesseract and RapidOCR on three images per class: 7 px keeps recall, docs/TUNING.md).
-    legible_text_px: float = 7.0
+    # tesseract and RapidOCR, docs/TUNING.md: 6.5 px keeps recall but for small grey labels).
+    legible_text_px: float = 6.5
     # ...and the glyph height of dense square text (CJK), which needs more pixels.
     legible_dense_px: float = 12.0
     # Long side of images without text (legible budget); 0 = max_long_side. Lower saves more.

@@ -38,7 +38,7 @@ class Policy:
     # client: max_long_side as the client asked (detail, the policy header)
     budget: str = "legible"
     text_max_long_side: int = 2560
-    legible_text_px: float = 7.0
+    legible_text_px: float = 6.5
     legible_dense_px: float = 12.0
     photo_long_side: int = 0  # 0: max_long_side
     # SLO budget level (backends/slo.py) and how it scales this image (pressure.py)
