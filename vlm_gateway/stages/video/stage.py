@@ -206,20 +206,18 @@ class VideoRewriter(Hooks):
         container and codec checks and the limits on size, duration, frames and frame pixels
         (read from the container's header, as the rewrite's first gate does), and the tokens
         the engine will spend on it, counted (so rate limits charge them). Without PyAV only
-        the container's magic bytes are checked and the count is unknown."""
-        from .probe import sniff
+        the container's magic bytes are checked (``forward`` does that for every video) and
+        the count is unknown."""
         tokens = 0
-        if src.data is not None:
+        if src.data is not None and self.available:
+            from .rewrite import probe_video, source_tokens
             settings, _ = self.settings(req.model)
             try:
-                sniff(src.data)
-                if self.available:
-                    from .rewrite import probe_video, source_tokens
-                    header = await self.pool.run(probe_video, src.data, settings)
-                    counted = source_tokens(header, settings, self.count)
-                    tokens = counted.total if counted is not None else 0
+                header = await self.pool.run(probe_video, src.data, settings)
             except VideoError as e:
                 raise _refusal(part, e) from None
+            counted = source_tokens(header, settings, self.count)
+            tokens = counted.total if counted is not None else 0
         return self._record(req, part, VideoSent("forwarded", None, tokens, tokens), await forward(req, part, src))
 
     async def _job(self, key: str, data: bytes, settings: VideoSettings, model: str) -> VideoEntry:
