@@ -48,10 +48,10 @@ def profile_names() -> list[str]:
 
 
 def get_profile(name: str, time_scale: float = 1.0, decode_tokens_per_s: float | None = None,
-                max_num_seqs: int | None = None) -> SimProfile:
+                max_num_seqs: int | None = None, api_servers: int | None = None) -> SimProfile:
     """A copy of profile ``name`` (KeyError if unknown) at ``time_scale``; a
     ``decode_tokens_per_s`` sets the single-sequence decode rate, ``max_num_seqs``
-    the concurrent sequences."""
+    the concurrent sequences, ``api_servers`` the API-server processes (ValueError below 1)."""
     profiles = load_profiles()
     if name not in profiles:
         raise KeyError(f"unknown simulator profile {name!r}; known: {', '.join(sorted(profiles))}")
@@ -62,6 +62,8 @@ def get_profile(name: str, time_scale: float = 1.0, decode_tokens_per_s: float |
         p = replace(p, decode_tokens_per_s=decode_tokens_per_s)   # __post_init__ sets step_base_s
     if max_num_seqs:
         p = replace(p, max_num_seqs=max_num_seqs)
+    if api_servers is not None:
+        p = replace(p, api_servers=api_servers)
     return p
 
 
