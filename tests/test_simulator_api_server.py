@@ -65,6 +65,7 @@ def test_stream_headers_leave_only_after_preprocessing(module_servers):
     assert "headers_at" not in got                       # no headers while it is preprocessed
     assert metric(m, "vllm:num_requests_waiting") == 0   # vLLM's scheduler does not see it yet
     assert metric(m, "vllm:num_requests_running") == 0
+    assert httpx.get(sim.url + "/load").json() == {"server_load": 1}   # its API server holds it
     wait_until(lambda: "headers_at" in got, "the stream's headers arrive", timeout=30)
     # the headers came when it left the API server: by then it was in the engine or done
     state = httpx.get(sim.url + "/sim/prompts").json()[-1]["state"]
@@ -127,16 +128,16 @@ def test_two_api_servers_preprocess_twice_as_many_images(module_servers):
     """1080p images, the engine's share kept small (one output token): with two API servers
     the same load leaves the API stage in about half the time, half of it on each server."""
     uris = [data_uri(1920, 1080, 100 + i) for i in range(32)]
-    # at half speed, so that this machine's own per-request work stays small beside the model's
-    one = module_servers.sim(profile="h200", echo=False, time_scale=2.0)
-    two = module_servers.sim(profile="h200", echo=False, time_scale=2.0, extra_args=["--api-servers", "2"])
+    # at a third of the speed, so that this machine's own per-request work stays small beside the model's
+    one = module_servers.sim(profile="h200", echo=False, time_scale=3.0)
+    two = module_servers.sim(profile="h200", echo=False, time_scale=3.0, extra_args=["--api-servers", "2"])
     assert httpx.get(two.url + "/sim/config").json()["api_servers"] == 2
     t1 = asyncio.run(_last_headers_s(one.base_url, uris[:16], 8))
     t2 = asyncio.run(_last_headers_s(two.base_url, uris[16:], 8))
     p = get_profile("h200")
-    serial_s = 2.0 * 16 * (p.cpu_base_s + 1920 * 1080 / 1e6 * (p.cpu_decode_s_per_mpx + p.cpu_preproc_s_per_mpx))
+    serial_s = 3.0 * 16 * (p.cpu_base_s + 1920 * 1080 / 1e6 * (p.cpu_decode_s_per_mpx + p.cpu_preproc_s_per_mpx))
     assert t1 >= 0.9 * serial_s                          # one server: one image after the other
-    assert t1 / t2 >= 1.6, f"one API server {t1:.2f} s, two {t2:.2f} s"
+    assert t1 / t2 >= 1.5, f"one API server {t1:.2f} s, two {t2:.2f} s"
     servers = [p["api_server"] for p in httpx.get(two.url + "/sim/prompts").json()]
     assert sorted(servers) == [0] * 8 + [1] * 8           # 8 connections dealt in turn, 2 requests each
     assert two.sim_stats()["api_servers"] == 2 and one.sim_stats()["api_servers"] == 1

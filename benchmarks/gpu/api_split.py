@@ -11,9 +11,9 @@ queue and ``request_prefill_time`` scheduling -> first token, so TTFT - queue - 
 the time before the scheduler (docs/benchmarks/gpu.md, "Where the time goes inside vLLM
 0.24"). Writes JSON after every cell, then a markdown table and a stacked-bar plot.
 
-    bash benchmarks/gpu/start_engines.sh STAGE 1                    # or API_SERVERS=2 ... for vllm serve
+    bash benchmarks/gpu/start_engines.sh STAGE 1 --enable-server-load-tracking   # /load: requests held
     KEEPALIVE_S=600 bash benchmarks/gpu/start_gateway.sh 1 affinity 8
-    python3 benchmarks/gpu/api_split.py --out split.json              # the compact plan below
+    python3 benchmarks/gpu/api_split.py --out split.json              # 27 cells, ~8.5 min on one H200
     python3 benchmarks/gpu/api_split.py --out knee2.json --api-servers 2 --workloads mix --modes a,c \\
         --concurrencies 64,128                                          # after API_SERVERS=2 start_engines.sh
     python3 benchmarks/gpu/api_split.py --report split.json knee2.json --plot split.png   # table + plot
@@ -233,6 +233,16 @@ def engine_split(a: dict[str, float], b: dict[str, float]) -> dict:
     return out
 
 
+async def server_load(s: aiohttp.ClientSession, origin: str) -> float | None:
+    """vLLM's /load (non-zero only with --enable-server-load-tracking): the requests held by
+    the API-server process that answers, from its handler's start to the response's end."""
+    try:
+        async with s.get(origin + "/load", timeout=aiohttp.ClientTimeout(total=2)) as r:
+            return float((await r.json())["server_load"]) if r.status == 200 else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError):
+        return None
+
+
 async def settle(s: aiohttp.ClientSession, origin: str, timeout: float = 20.0) -> bool:
     """Until the engine runs and queues nothing (the last cell's requests are gone)."""
     end = time.monotonic() + timeout
@@ -249,7 +259,7 @@ async def settle(s: aiohttp.ClientSession, origin: str, timeout: float = 20.0) -
 async def cell(base: str, origin: str, make_body, conc: int, warm_s: float, cell_s: float, drain_s: float) -> dict:
     conn = aiohttp.TCPConnector(limit=conc + 8, force_close=False)
     records: list[dict] = []
-    gauges = {"waiting_max": 0.0, "running_max": 0.0}
+    gauges = {"waiting_max": 0.0, "running_max": 0.0, "server_load_max": 0.0, "in_api_server_max": 0.0}
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as s, \
             aiohttp.ClientSession() as probe:
         await settle(probe, origin)
@@ -271,8 +281,13 @@ async def cell(base: str, origin: str, make_body, conc: int, warm_s: float, cell
         async def poll() -> None:
             while True:
                 m = await scrape(probe, origin)
-                gauges["waiting_max"] = max(gauges["waiting_max"], m.get("vllm:num_requests_waiting", 0.0))
-                gauges["running_max"] = max(gauges["running_max"], m.get("vllm:num_requests_running", 0.0))
+                waiting, running = m.get("vllm:num_requests_waiting", 0.0), m.get("vllm:num_requests_running", 0.0)
+                gauges["waiting_max"] = max(gauges["waiting_max"], waiting)
+                gauges["running_max"] = max(gauges["running_max"], running)
+                load = await server_load(probe, origin)
+                if load is not None:   # one API server: what it holds beyond the scheduler's view
+                    gauges["server_load_max"] = max(gauges["server_load_max"], load)
+                    gauges["in_api_server_max"] = max(gauges["in_api_server_max"], load - waiting - running)
                 await asyncio.sleep(0.5)
 
         poller = asyncio.ensure_future(poll())
@@ -387,7 +402,8 @@ def run(args, base_direct: str, base_gateway: str, origin: str, small: bool) -> 
                       f" unfinished {res['unfinished']} | vLLM: TTFT {e.get('ttft_mean_ms')} queue "
                       f"{e.get('queue_mean_ms')} prefill {e.get('prefill_mean_ms')} before scheduler "
                       f"{e.get('before_scheduler_mean_ms')} ms (means), waiting max "
-                      f"{res['engine_gauges']['waiting_max']:.0f} {res['errors'] or ''}", flush=True)
+                      f"{res['engine_gauges']['waiting_max']:.0f}, in the API server max "
+                      f"{res['engine_gauges']['in_api_server_max']:.0f} {res['errors'] or ''}", flush=True)
                 Path(args.out).write_text(json.dumps(out, indent=1))
     out["total_s"] = round(time.time() - t_start, 1)
     Path(args.out).write_text(json.dumps(out, indent=1))
@@ -400,8 +416,8 @@ def report(runs: list[dict]) -> str:
     rows = ["| workload | API servers | conc | mode | TTFT p50 ms | req/s | gateway media p50 ms | send -> headers p50 "
             "(API server) | headers -> first token p50 (engine) | before the headers (p50s) | shares of mean TTFT: "
             "gateway / API server / engine | vLLM means ms: TTFT / queue / prefill / before the scheduler | "
-            "vLLM waiting max | unfinished |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "vLLM waiting max | in the API server max (/load - running - waiting) | unfinished |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run_ in runs:
         for c in run_["cells"]:
             e, sh = c["engine"], c.get("share") or {}
@@ -411,7 +427,8 @@ def report(runs: list[dict]) -> str:
                 f"{c['engine_p50_ms']} | {c.get('before_headers_p50')} | "
                 f"{sh.get('gateway', 0):.2f} / {sh.get('api_server', 0):.2f} / {sh.get('engine', 0):.2f} | "
                 f"{e.get('ttft_mean_ms')} / {e.get('queue_mean_ms')} / {e.get('prefill_mean_ms')} / "
-                f"{e.get('before_scheduler_mean_ms')} | {c['engine_gauges']['waiting_max']:.0f} | {c['unfinished']} |")
+                f"{e.get('before_scheduler_mean_ms')} | {c['engine_gauges']['waiting_max']:.0f} | "
+                f"{c['engine_gauges'].get('in_api_server_max', 0):.0f} | {c['unfinished']} |")
     return "\n".join(rows)
 
 

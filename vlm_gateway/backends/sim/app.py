@@ -1,6 +1,8 @@
 """The simulator's HTTP surface: an OpenAI-compatible server shaped like vLLM's.
 
-Load endpoints: in vLLM mode ``GET /metrics`` is vLLM's Prometheus text; in
+Load endpoints: in vLLM mode ``GET /metrics`` is vLLM's Prometheus text and ``GET /load``
+its ``{"server_load": N}`` as vLLM answers it with ``--enable-server-load-tracking`` (the
+requests the API server that answers holds, those still being preprocessed included); in
 TensorRT-LLM mode (``--engine trtllm``) ``GET /metrics`` is trtllm-serve's JSON
 iteration statistics and ``GET /prometheus/metrics`` its Prometheus series, per
 release line (trtllm.py).
@@ -298,6 +300,11 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
                                                   "owned_by": "vlm-gateway-simulator", "root": model_name,
                                                   "max_model_len": max_len}]})
 
+    async def load(request: Request) -> Response:
+        # vLLM's /load with --enable-server-load-tracking: the requests the answering API-server
+        # process holds, from its handler's start to the end of the response (preprocessing included)
+        return _json({"server_load": engine.apis[engine.api_for(request.scope.get("client"))].jobs})
+
     async def health(request: Request) -> Response:
         health_checks[0] += 1
         return Response(b"", status_code=200)
@@ -380,6 +387,7 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/load", load, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/prometheus/metrics", prometheus_metrics, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
