@@ -102,6 +102,11 @@ other is 768x576 c16 TTFT (x1.37): that cell answered faster than 768x448 c16
 with more pixels and tokens, which this model, whose costs grow with both,
 cannot follow.
 
+``h200-vllm024-2026-12-01`` is fitted to the third H200 lease's cells (issue #28: raw and
+pre-resized desktops, terminals and a mix, with the share of TTFT before the response
+headers; split_run.py): API-server constants refitted (38.2 ms/MP of preprocessing), the
+split and the fit's limits in docs/benchmarks/simulator.md, "The API-server stage".
+
 In TensorRT-LLM mode (``engine="trtllm"``) each step also records an IterationStats
 entry and completions feed trtllm-serve's Prometheus series (trtllm.py); the timing
 model is the same.

@@ -13,6 +13,7 @@ import yaml
 
 from .engine import SimEngine, SimProfile
 from .prompt import synthetic_prompt
+from .split_run import RUN_2026_12_01, SplitRow, replay_split
 from .vclock import run_virtual
 from .workload import CALIBRATION, OUTPUT_TOKENS, Row, simulate_row
 
@@ -167,9 +168,11 @@ def replay_run(profile: SimProfile, rows: list[MeasuredRow]) -> list[tuple[float
     return run_virtual(main())
 
 
-MEASURED_RUNS = {"table": CALIBRATION, "2026-11-30-run1": RUN1_2026_11_30, "2026-11-30-run2": RUN_2026_11_30}
+MEASURED_RUNS = {"table": CALIBRATION, "2026-11-30-run1": RUN1_2026_11_30, "2026-11-30-run2": RUN_2026_11_30,
+                 "2026-12-01": RUN_2026_12_01}
 # calibrated profile -> the measured run it is fitted to (aliases resolve through `base`)
-FITTED_TO = {"h200-qwen3vl-2b": "table", "h200-vllm024-2026-11-30": "2026-11-30-run2"}
+FITTED_TO = {"h200-qwen3vl-2b": "table", "h200-vllm024-2026-11-30": "2026-11-30-run2",
+             "h200-vllm024-2026-12-01": "2026-12-01"}
 
 
 def calibration_rows(name: str) -> list[Row]:
@@ -191,7 +194,9 @@ def calibration_rows(name: str) -> list[Row]:
 
 def simulate_rows(profile: SimProfile, rows: list[Row]) -> list[tuple[float, float]]:
     """(TTFT p50 ms, req/s) per row: a measured run is replayed in order on one engine,
-    independent rows (the first table) each on a fresh engine."""
+    independent rows (the first table, the 2026-12-01 cells) each on a fresh engine."""
     if rows and all(isinstance(r, MeasuredRow) for r in rows):
         return replay_run(profile, rows)
+    if rows and all(isinstance(r, SplitRow) for r in rows):
+        return [(t, q) for t, q, _, _ in replay_split(profile, rows)]
     return [simulate_row(profile, r) for r in rows]
