@@ -13,6 +13,10 @@ simulated delays at ~0), which a time scale would otherwise magnify.
 ``h200-vllm024-2026-11-30`` (the 2026-11-30 run): the timing model offline only,
 replaying the measured cells in order on one engine (the cells reused images, so
 the processor and prefix caches carry over from cell to cell); one replay, ~1 s.
+
+``h200-vllm024-2026-12-01`` (the third lease's cells, issue #28): offline, each cell on a
+fresh engine, TTFT p50 and req/s (the figures the fit does not reach are strict xfails) and
+the share of TTFT raw images spend before the response headers; one replay, ~2 s.
 """
 
 from __future__ import annotations
@@ -90,3 +94,54 @@ def test_simulator_over_http_reproduces_measurement(calibrated_sim, row):
     assert stats["running"] == 0 and stats["waiting"] == 0
     assert within(ttft, row.ttft_p50_ms), f"TTFT p50 {ttft:.0f} ms vs measured {row.ttft_p50_ms} (scale {scale})"
     assert within(rps, row.req_per_s), f"{rps:.2f} req/s vs measured {row.req_per_s} (scale {scale})"
+
+
+# -- h200-vllm024-2026-12-01: the third lease's cells (issue #28), with the split at the headers ----
+
+@pytest.fixture(scope="module")
+def run_2026_12_01():
+    from vlm_gateway.backends.sim.split_run import RUN_2026_12_01, replay_split
+    return dict(zip(RUN_2026_12_01, replay_split(get_profile("h200-vllm024-2026-12-01"), RUN_2026_12_01)))
+
+
+def _split_rows():
+    from vlm_gateway.backends.sim.split_run import RUN_2026_12_01
+    return RUN_2026_12_01
+
+
+# Figures the fit does not reach within 25% (docs/benchmarks/simulator.md, "The API-server stage"):
+# the mix's classes and formats are assumed (only summary figures were kept), and at concurrency 64
+# the pre-resized cells decode 64 tokens in 1.2-1.5 s where the model's engine takes ~0.3 s, so
+# their TTFT comes out long (and their share after the headers short: 1.4 % vs 8-12 %).
+UNREACHED_2026_12_01 = {
+    ("(a) desktop c1", "ttft"), ("(a) mix c1", "ttft"), ("(a) mix c1", "req/s"), ("(a) mix c16", "req/s"),
+    ("(a) mix c64", "req/s"), ("(b) desktop c64", "ttft"), ("(b) terminal c64", "ttft"), ("(b) mix c1", "ttft"),
+    ("(b) mix c16", "ttft"), ("(b) mix c64", "ttft")}
+
+
+def _split_cases():
+    for row in _split_rows():
+        for metric in ("ttft", "req/s"):
+            marks = ([pytest.mark.xfail(strict=True, reason="not reached by this model (simulator.md)")]
+                     if (row.label, metric) in UNREACHED_2026_12_01 else [])
+            yield pytest.param(row, metric, marks=marks, id=f"{row.label} {metric}")
+
+
+@pytest.mark.parametrize("row,metric", list(_split_cases()))
+def test_timing_model_reproduces_2026_12_01_cells(run_2026_12_01, row, metric):
+    ttft, rps, _, _ = run_2026_12_01[row]
+    if metric == "ttft":
+        assert within(ttft, row.ttft_p50_ms), f"TTFT p50 {ttft:.0f} ms vs measured {row.ttft_p50_ms}"
+    else:
+        assert within(rps, row.req_per_s), f"{rps:.2f} req/s vs measured {row.req_per_s}"
+
+
+def test_raw_images_wait_before_the_headers_as_measured(run_2026_12_01):
+    """At concurrency 64 raw images spend 97-99 % of TTFT before the response headers (in the
+    API server), and raw throughput stays flat from 16 to 64 while TTFT grows with the queue."""
+    by = {r.label: v for r, v in run_2026_12_01.items()}
+    for row in _split_rows():
+        if row.before_headers and row.label.startswith("(a)"):
+            assert abs(by[row.label][2] - row.before_headers) <= 0.02, (row.label, by[row.label][2])
+    (t16, q16, _, _), (t64, q64, _, _) = by["(a) desktop c16"], by["(a) desktop c64"]
+    assert 0.85 <= q64 / q16 <= 1.15 and t64 / t16 >= 4

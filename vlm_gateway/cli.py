@@ -124,13 +124,15 @@ def cmd_sim(args: argparse.Namespace) -> int:
     _setup_logging("info", "text")
     try:
         prof = get_profile(args.profile, time_scale=args.time_scale, decode_tokens_per_s=args.token_rate,
-                           max_num_seqs=getattr(args, "max_num_seqs", None))
-    except KeyError as e:
+                           max_num_seqs=getattr(args, "max_num_seqs", None),
+                           api_servers=getattr(args, "api_servers", None))
+    except (KeyError, ValueError) as e:
         print(f"vlm-gateway sim: {e.args[0]}", file=sys.stderr)
         return 2
     engine = args.engine if args.engine == "vllm" else f"{args.engine} {args.trtllm_release}"
     log.warning("vlm-gateway SIMULATOR (test instrument, generates filler text), profile %s, engine %s, "
-                "model %s, on http://%s:%d", prof.name, engine, args.model, args.host, args.port)
+                "model %s, %d API server%s, on http://%s:%d", prof.name, engine, args.model, prof.api_servers,
+                "s" if prof.api_servers > 1 else "", args.host, args.port)
     app = create_sim_app(SimEngine(prof, engine=args.engine, trtllm_release=args.trtllm_release), args.model,
                          echo=args.echo, grounding=args.grounding or "")
     from .backends.sim.serve import serve
@@ -180,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--token-rate", type=float, default=None, help="decode tokens/s of one sequence")
     m.add_argument("--echo", action="store_true", help="answer with the last user text, then filler")
     m.add_argument("--max-num-seqs", type=int, default=None, help="override the profile's concurrent sequences")
+    m.add_argument("--api-servers", type=int, default=None,
+                   help="API-server processes, as vLLM's --api-server-count (each preprocesses on one worker "
+                        "with its own processor cache); default: the profile's (1)")
     m.add_argument("--grounding", choices=["qwen3-vl", "qwen2.5-vl", "qwen2-vl"], default=None,
                    help="answer requests with images like a perfect locator of colour markers, in this "
                         "model's coordinate convention (a test instrument)")

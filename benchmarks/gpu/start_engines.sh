@@ -4,6 +4,10 @@
 # the Qwen3-VL-2B architecture. Waits until every engine answers /health.
 # Usage: start_engines.sh STAGE N [extra vllm args...]   (STAGE holds bundle.part.NN pieces)
 # Each engine's pid (= its process group) goes to /root/vllm-PORT.pid.
+# API_SERVERS=K starts each engine as `vllm serve MODEL --api-server-count K` (the CLI entry
+# point; only it honours --api-server-count: `python -m vllm.entrypoints.openai.api_server`
+# parses the flag and still runs one API server, whose one renderer thread preprocesses every
+# image). Unset: the api_server module, as in the earlier runs.
 set -u
 S=$1; N=$2; shift 2
 SITE=${SITE:-/root/vllm-site}
@@ -17,7 +21,24 @@ pids=()
 for i in $(seq 0 $((N - 1))); do
   port=$((8000 + i)); gpu=$i
   [ "${SAME_GPU:-0}" = 1 ] && gpu=0
-  CUDA_VISIBLE_DEVICES=$gpu setsid python3 -m vllm.entrypoints.openai.api_server --model "$S/x/model" \
+  # an engine this script started on that port before (a restart with other flags): stop its
+  # process group, found by the recorded pid, and wait until it is gone (its GPU memory freed)
+  if [ -s /root/vllm-$port.pid ]; then
+    old=$(cat /root/vllm-$port.pid)
+    if kill -0 "$old" 2>/dev/null; then
+      kill -TERM -- "-$old" 2>/dev/null
+      for _ in $(seq 1 120); do kill -0 "$old" 2>/dev/null || break; sleep 0.25; done
+      kill -KILL -- "-$old" 2>/dev/null
+      sleep 1
+    fi
+    rm -f /root/vllm-$port.pid
+  fi
+  if [ -n "${API_SERVERS:-}" ]; then
+    entry=(python3 -m vllm.entrypoints.cli.main serve "$S/x/model" --api-server-count "$API_SERVERS")
+  else
+    entry=(python3 -m vllm.entrypoints.openai.api_server --model "$S/x/model")
+  fi
+  CUDA_VISIBLE_DEVICES=$gpu setsid "${entry[@]}" \
     --served-model-name qwen3vl --load-format dummy --dtype bfloat16 --max-model-len 16384 \
     --gpu-memory-utilization "${GPU_UTIL:-0.85}" --limit-mm-per-prompt '{"image": 4, "video": 2}' \
     --enable-prefix-caching --enable-prompt-tokens-details --skip-mm-profiling \

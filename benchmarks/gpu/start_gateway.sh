@@ -7,6 +7,9 @@
 # TOKENIZER=<served model's tokenizer.json> makes the video token header count the
 # "<t seconds>" texts with it (the GPU bundle's model is not Qwen's tokenizer);
 # VIDEO_DECODE_THREADS (default 2) sets FFmpeg threads per video decode.
+# KEEPALIVE_S sets server.keepalive_interval_s: a stream whose engine takes longer than that to
+# answer gets the gateway's own headers and keepalive comments first (api_split.py uses 600, so
+# that a client's time to the headers is the engine's, gateway time included).
 set -u
 N=$1; POLICY=$2; WORKERS=${3:-4}
 SITE=${SITE:-/root/vllm-site}
@@ -24,7 +27,7 @@ if [ -s "$PIDFILE" ]; then
 fi
 cfg=/root/gateway-$POLICY.yaml
 {
-  echo "server: {port: 8080, workers: $WORKERS}"
+  echo "server: {port: 8080, workers: $WORKERS${KEEPALIVE_S:+, keepalive_interval_s: $KEEPALIVE_S}}"
   echo "routing: {policy: $POLICY}"
   echo "video: {decode_threads: ${VIDEO_DECODE_THREADS:-2}${TOKENIZER:+, tokenizer: $TOKENIZER}}"
   echo "backends:"

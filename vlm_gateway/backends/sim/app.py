@@ -1,6 +1,8 @@
 """The simulator's HTTP surface: an OpenAI-compatible server shaped like vLLM's.
 
-Load endpoints: in vLLM mode ``GET /metrics`` is vLLM's Prometheus text; in
+Load endpoints: in vLLM mode ``GET /metrics`` is vLLM's Prometheus text and ``GET /load``
+its ``{"server_load": N}`` as vLLM answers it with ``--enable-server-load-tracking`` (the
+requests the API server that answers holds, those still being preprocessed included); in
 TensorRT-LLM mode (``--engine trtllm``) ``GET /metrics`` is trtllm-serve's JSON
 iteration statistics and ``GET /prometheus/metrics`` its Prometheus series, per
 release line (trtllm.py).
@@ -79,6 +81,12 @@ def _last_user_text(body: dict) -> str:
                 return " ".join(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type") == "text")
     p = body.get("prompt")
     return p if isinstance(p, str) else ""
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone away (the body is already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _fetch_images(urls: list[str]) -> dict[str, bytes]:
@@ -189,10 +197,10 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
                 max_tokens, finish = len(toks), "stop"
         die_mid = take("die_mid_stream")
         malformed = take("malformed_next")
-        job = engine.submit(spec, max_tokens)
-        prompts.append({"id": rid, "prompt_tokens": spec.num_tokens, "images": [
-            {"width": im.width, "height": im.height, "tokens": im.tokens, "sha256": im.digest.hex()}
-            for im in spec.images], "job": job})
+        job = engine.submit(spec, max_tokens, connection=request.scope.get("client"))
+        prompts.append({"id": rid, "prompt_tokens": spec.num_tokens, "api_server": job.api, "images": [
+            {"width": im.width, "height": im.height, "tokens": im.tokens, "sha256": im.content.hex(),
+             **({"uuid": im.uuid} if im.uuid is not None else {})} for im in spec.images], "job": job})
 
         def usage() -> dict:
             return {"prompt_tokens": job.prompt_tokens, "completion_tokens": job.generated,
@@ -201,9 +209,7 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
 
         if not stream:
             async def watch_disconnect() -> None:
-                # the body is read: the next message is the client going away
-                while (await request.receive())["type"] != "http.disconnect":
-                    pass
+                await _disconnected(request)
                 engine.abort(job)
 
             watcher = asyncio.ensure_future(watch_disconnect())
@@ -231,6 +237,23 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
                 obj = "text_completion"
             return _json({"id": rid, "object": obj, "created": created, "model": model_name,
                           "choices": [choice], "usage": usage()})
+
+        # vLLM answers a stream's headers only once its API server has rendered the template and
+        # preprocessed the media, just before the request enters the engine: wait for that, and
+        # let a client that goes away meanwhile abort it there
+        gone = asyncio.ensure_future(_disconnected(request))
+        rendered = asyncio.ensure_future(job.rendered())
+        try:
+            await asyncio.wait((gone, rendered), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            engine.abort(job)
+            raise
+        finally:
+            gone.cancel()
+        if not rendered.done() or not rendered.result():
+            rendered.cancel()
+            engine.abort(job)
+            return _error("request aborted", 499)
 
         def chunk(delta_or_text, finish=None) -> bytes:
             if chat:
@@ -277,6 +300,11 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
                                                   "owned_by": "vlm-gateway-simulator", "root": model_name,
                                                   "max_model_len": max_len}]})
 
+    async def load(request: Request) -> Response:
+        # vLLM's /load with --enable-server-load-tracking: the requests the answering API-server
+        # process holds, from its handler's start to the end of the response (preprocessing included)
+        return _json({"server_load": engine.apis[engine.api_for(request.scope.get("client"))].jobs})
+
     async def health(request: Request) -> Response:
         health_checks[0] += 1
         return Response(b"", status_code=200)
@@ -319,11 +347,11 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
                 return _error("time_scale must be a positive number", 400, param="time_scale")
             engine.profile.time_scale = float(ts)
         if upd.get("reset_cache"):
-            engine.cache.reset()
-            engine.mm_cache.clear()
+            engine.reset_caches()
         p = engine.profile
         return _json({"profile": p.name, "time_scale": p.time_scale, "max_num_seqs": p.max_num_seqs,
-                      "max_model_len": p.max_model_len, "kv_capacity_tokens": p.kv_capacity_tokens})
+                      "max_model_len": p.max_model_len, "kv_capacity_tokens": p.kv_capacity_tokens,
+                      "api_servers": p.api_servers})
 
     async def sim_stats(request: Request) -> Response:
         return _json({**engine.stats(), "health_checks": health_checks[0]})
@@ -343,8 +371,7 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
             prompts.clear()
             engine.reset_stats()
         if upd.get("reset_cache"):
-            engine.cache.reset()
-            engine.mm_cache.clear()
+            engine.reset_caches()
         refuse = upd.get("refuse_connections")
         if refuse:
             ctl = getattr(request.app.state, "listen_control", None)
@@ -360,6 +387,7 @@ def create_sim_app(engine: SimEngine, model_name: str = "qwen3vl-sim", echo: boo
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/load", load, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/prometheus/metrics", prometheus_metrics, methods=["GET"]),
         Route("/version", version, methods=["GET"]),

@@ -4,19 +4,32 @@ A request passes four stages (asyncio tasks on the server's event loop):
 
 0. **Arrival** (``request_latency_s``): HTTP, JSON and base64 parsing, chat
    template and tokenisation. Pure latency: requests do not queue for it.
-1. **API-server CPU** (one FIFO worker, like vLLM's single API-server process):
-   ``cpu_base_s`` + per image ``cpu_decode_s_per_mpx`` x source megapixels
+1. **API server** (``api_servers`` processes, like vLLM's ``--api-server-count``;
+   each one FIFO worker: vLLM's single renderer thread plus the process's event
+   loop): ``cpu_base_s`` + per image ``cpu_decode_s_per_mpx`` x source megapixels
    (decode + hash, always) + ``cpu_preproc_s_per_mpx`` x source megapixels
    (resize / normalise / patchify; skipped when the same image was processed
-   recently: vLLM's multimodal processor cache, LRU over ``mm_cache_items``
-   images and, where set, ``mm_cache_tokens`` visual tokens: vLLM bounds it in
-   bytes, so it holds many small images but few 12 MP ones), times ``1 + cpu_contention x
-   (requests in the server - 1)``. The same process streams every running
-   request's tokens: each token the engine emits adds ``cpu_token_s`` of work
-   that delays the preprocessing in progress.
+   recently by the same API server: vLLM's multimodal processor cache, one per
+   API-server process, LRU over ``mm_cache_items`` images and, where set,
+   ``mm_cache_tokens`` visual tokens: vLLM bounds it in bytes, so it holds many
+   small images but few 12 MP ones), times ``1 + cpu_contention x (requests in
+   that server - 1)``. The same process streams its running requests' tokens:
+   each token the engine emits adds ``cpu_token_s`` of work that delays the
+   preprocessing in progress. An image's identity (processor cache, prefix
+   cache) is its content hash, or the part's ``uuid`` where the client gave one:
+   vLLM 0.24 then uses that string as the item's hash, whatever the bytes.
+   A connection is served by one API server (vLLM's processes share one listening
+   socket; keep-alive keeps a connection on the process that accepted it): new
+   connections are dealt to the servers in turn; offline, requests are.
+   A streaming request's response headers leave when it leaves this stage (vLLM
+   answers them once the chat template, the media and the HF processor are done,
+   just before ``add_request``): ``Job.rendered``. ``vllm:num_requests_waiting``
+   does not count requests still here, as in vLLM.
 2. **Hand-over to the engine process** (one FIFO worker): ``ipc_s_per_ktok`` x
    visual ktokens of images that were preprocessed (the pixel tensors travel to
-   the engine core; a cache hit sends only the hash).
+   the engine core; a cache hit sends only the hash). With more than one API
+   server vLLM keeps no processor cache in the engine core (its caches are then
+   "processor only"), so a hit in an API server's cache still sends the tensors.
 3. **Engine steps** (continuous batching with chunked prefill, vLLM V1): each
    step schedules one token for every decoding sequence, then prefill chunks of
    the running, then of the waiting requests (FIFO) within
@@ -89,6 +102,11 @@ other is 768x576 c16 TTFT (x1.37): that cell answered faster than 768x448 c16
 with more pixels and tokens, which this model, whose costs grow with both,
 cannot follow.
 
+``h200-vllm024-2026-12-01`` is fitted to the third H200 lease's cells (issue #28: raw and
+pre-resized desktops, terminals and a mix, with the share of TTFT before the response
+headers; split_run.py): API-server constants refitted (38.2 ms/MP of preprocessing), the
+split and the fit's limits in docs/benchmarks/simulator.md, "The API-server stage".
+
 In TensorRT-LLM mode (``engine="trtllm"``) each step also records an IterationStats
 entry and completions feed trtllm-serve's Prometheus series (trtllm.py); the timing
 model is the same.
@@ -121,6 +139,7 @@ class SimProfile:
     enable_prefix_caching: bool = True
     mm_cache_items: int = 256
     mm_cache_tokens: int = 0          # processor-cache size in visual tokens (vLLM bounds it in bytes); 0: none
+    api_servers: int = 1              # API-server processes (vLLM's --api-server-count), each its own cache
     # API-server CPU stage
     request_latency_s: float = 0.0    # pure delay before preprocessing (HTTP, parsing: in parallel)
     cpu_base_s: float = 0.0
@@ -144,6 +163,8 @@ class SimProfile:
     description: str = ""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.api_servers, int) or self.api_servers < 1:
+            raise ValueError(f"simulator profile {self.name!r}: api_servers must be an integer >= 1")
         if self.decode_tokens_per_s:
             self.step_base_s = max(0.0, 1.0 / self.decode_tokens_per_s - self.step_seq_s)
 
@@ -161,8 +182,9 @@ class Job:
 
     _ids = itertools.count(1)
 
-    def __init__(self, engine: "SimEngine", spec: PromptSpec, max_tokens: int) -> None:
+    def __init__(self, engine: "SimEngine", spec: PromptSpec, max_tokens: int, api: int = 0) -> None:
         self.id = next(self._ids)
+        self.api = api              # the API server (process) that serves it
         self.engine = engine
         self.spec = spec
         self.max_tokens = max(1, int(max_tokens))
@@ -178,7 +200,10 @@ class Job:
         self.t_ready = self.t_arrival   # scheduled time it is due at its next stage
         self.t_first: float | None = None
         self.t_admitted: float | None = None
+        self.t_rendered: float | None = None   # left the API server: a stream's response headers
+        self.t_queued: float | None = None     # entered the scheduler's waiting queue
         self._queue: asyncio.Queue[int] = asyncio.Queue()
+        self._rendered = asyncio.Event()
 
     @property
     def prompt_tokens(self) -> int:
@@ -190,6 +215,12 @@ class Job:
 
     def _push(self, n: int) -> None:
         self._queue.put_nowait(n)
+
+    async def rendered(self) -> bool:
+        """Wait until the request has left the API server (True) or was aborted (False):
+        when vLLM sends a streaming request's response headers."""
+        await self._rendered.wait()
+        return not self.aborted
 
     async def run(self, n: int | None = None):
         """Yield once per generated token (``n`` is accepted for compatibility)."""
@@ -245,6 +276,17 @@ class _SerialStage:
             self.nxt(job)
 
 
+class _ApiServer:
+    """One API-server process: its FIFO worker, its processor cache (image identity ->
+    visual tokens) and the requests it serves (for its contention and its streaming)."""
+
+    def __init__(self, engine: "SimEngine", index: int) -> None:
+        self.index = index
+        self.stage = _SerialStage(engine, "preprocessing", engine._api_cost, engine._after_api)
+        self.mm_cache: OrderedDict[bytes, int] = OrderedDict()
+        self.jobs = 0
+
+
 class SimEngine:
     def __init__(self, profile: SimProfile, engine: str = "vllm", trtllm_release: str = "1.2") -> None:
         self.profile = profile
@@ -257,9 +299,10 @@ class SimEngine:
         elif engine != "vllm":
             raise ValueError(f"unknown simulator engine {engine!r}; known: vllm, trtllm")
         self.cache = PrefixCache(profile.kv_capacity_tokens // BLOCK_SIZE, profile.enable_prefix_caching)
-        self.mm_cache: OrderedDict[bytes, int] = OrderedDict()    # digest -> visual tokens
         self.arriving: list[Job] = []
-        self.api = _SerialStage(self, "preprocessing", self._api_cost, self._after_api)
+        self.apis = [_ApiServer(self, i) for i in range(profile.api_servers)]
+        self._next_api = itertools.cycle(range(profile.api_servers))
+        self._conn_api: OrderedDict[object, int] = OrderedDict()   # connection -> its API server
         self.ipc = _SerialStage(self, "transfer", self._ipc_cost, self._enqueue)
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
@@ -277,8 +320,11 @@ class SimEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.cache.queries = self.cache.hits = 0
+        self.mm_queries = self.mm_hits = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
+        self.queue_time = Histogram(E2E_BUCKETS)
+        self.prefill_time = Histogram(E2E_BUCKETS)
         if getattr(self, "trtllm", None) is not None:
             self.trtllm.reset()
 
@@ -288,7 +334,27 @@ class SimEngine:
 
     @property
     def preprocessing(self) -> int:
-        return len(self.arriving) + len(self.api.queue) + len(self.ipc.queue)
+        return len(self.arriving) + sum(len(a.stage.queue) for a in self.apis) + len(self.ipc.queue)
+
+    def reset_caches(self) -> None:
+        """Drop cached prefix blocks and every API server's processor cache."""
+        self.cache.reset()
+        for a in self.apis:
+            a.mm_cache.clear()
+
+    def api_for(self, connection: object | None) -> int:
+        """The API server of a connection: dealt in turn to new connections (the
+        processes share one listening socket), kept for its later requests."""
+        if connection is None:
+            return next(self._next_api)
+        got = self._conn_api.get(connection)
+        if got is None:
+            got = self._conn_api[connection] = next(self._next_api)
+            while len(self._conn_api) > 4096:
+                self._conn_api.popitem(last=False)
+        else:
+            self._conn_api.move_to_end(connection)
+        return got
 
     @property
     def in_system(self) -> int:
@@ -302,7 +368,9 @@ class SimEngine:
                 "prefix_cache_queries": self.cache.queries, "prefix_cache_hits": self.cache.hits,
                 "prefix_cache_blocks": self.cache.cached_blocks(), "prefix_cache_evictions": self.cache.evictions,
                 "kv_cache_usage": round(self.cache.usage(), 6), "profile": self.profile.name,
-                "time_scale": self.profile.time_scale}
+                "time_scale": self.profile.time_scale, "api_servers": len(self.apis),
+                "preprocessing_per_api_server": [len(a.stage.queue) for a in self.apis],
+                "mm_cache_queries": self.mm_queries, "mm_cache_hits": self.mm_hits}
 
     def render_metrics(self, model: str) -> bytes:
         """vLLM mode's /metrics (Prometheus text)."""
@@ -310,13 +378,15 @@ class SimEngine:
         return render(self, model)
 
     # -- request lifecycle ----------------------------------------------------
-    def submit(self, spec: PromptSpec, max_tokens: int) -> Job:
-        """Queue a request (call from the event loop that serves it)."""
+    def submit(self, spec: PromptSpec, max_tokens: int, connection: object | None = None) -> Job:
+        """Queue a request (call from the event loop that serves it); ``connection`` names
+        the client connection it came on (its API server), None offline."""
         self._ensure_tasks()
         self.received += 1
         if self.trtllm is not None:
             self.trtllm.submitted()
-        job = Job(self, spec, max_tokens)
+        job = Job(self, spec, max_tokens, self.api_for(connection))
+        self.apis[job.api].jobs += 1
         delay = self.profile.request_latency_s * self.profile.time_scale
         job.t_ready = job.t_arrival + delay
         if delay > 0:
@@ -324,15 +394,17 @@ class SimEngine:
             self.arriving.append(job)
             asyncio.get_running_loop().call_at(job.t_ready, self._arrive, job)
         else:
-            self.api.put(job)
+            self.apis[job.api].stage.put(job)
         return job
 
     def _arrive(self, job: Job) -> None:
         if job.state == "arriving":
             self.arriving.remove(job)
-            self.api.put(job)
+            self.apis[job.api].stage.put(job)
 
     def _after_api(self, job: Job) -> None:
+        job.t_rendered = job.t_ready
+        job._rendered.set()
         if job.needs_transfer:
             self.ipc.put(job)
         else:
@@ -340,6 +412,7 @@ class SimEngine:
 
     def _enqueue(self, job: Job) -> None:
         job.state = "waiting"
+        job.t_queued = self.now()
         self.waiting.append(job)
         self._wake_step.set()
 
@@ -349,10 +422,12 @@ class SimEngine:
             return
         prev, job.state = job.state, "aborted"
         self.aborted += 1
+        self.apis[job.api].jobs -= 1
+        job._rendered.set()
         if prev == "arriving":
             _remove(self.arriving, job)
         elif prev == "preprocessing":
-            _remove(self.api.queue, job)
+            _remove(self.apis[job.api].stage.queue, job)
         elif prev == "transfer":
             _remove(self.ipc.queue, job)
         elif prev == "waiting":
@@ -376,10 +451,11 @@ class SimEngine:
         for t in self._tasks:
             t.cancel()
         self._wake_step = asyncio.Event()
-        self.api.wake = asyncio.Event()
+        for a in self.apis:
+            a.stage.wake = asyncio.Event()
         self.ipc.wake = asyncio.Event()
-        self._tasks = [asyncio.ensure_future(self.api.run()), asyncio.ensure_future(self.ipc.run()),
-                       asyncio.ensure_future(self._step_loop())]
+        self._tasks = [*(asyncio.ensure_future(a.stage.run()) for a in self.apis),
+                       asyncio.ensure_future(self.ipc.run()), asyncio.ensure_future(self._step_loop())]
 
     def close(self) -> None:
         for t in self._tasks:
@@ -389,21 +465,30 @@ class SimEngine:
     # -- stage 1: API server (CPU) and hand-over to the engine process ---------
     def _api_cost(self, job: Job) -> float:
         p = self.profile
+        srv = self.apis[job.api]
+        cache = srv.mm_cache
+        # one API server: a hit is found in the engine core's mirror cache too and only its
+        # hash travels; several: each keeps its own "processor only" cache, the tensors travel
+        hit_travels = len(self.apis) > 1
         cost = p.cpu_base_s
         job.needs_transfer = False
         for img in job.spec.images:
             cost += p.cpu_decode_s_per_mpx * img.decode_mpx      # a video: every frame the loader grabs
-            if img.digest in self.mm_cache:
-                self.mm_cache.move_to_end(img.digest)
+            self.mm_queries += 1
+            if img.digest in cache:
+                cache.move_to_end(img.digest)
+                self.mm_hits += 1
+                if not hit_travels:
+                    continue
             else:
                 cost += p.cpu_preproc_s_per_mpx * img.preproc_mpx   # a video: its sampled frames
-                job.transfer_ktok += img.tokens / 1000.0
-                job.needs_transfer = p.ipc_s_per_ktok > 0
-                self.mm_cache[img.digest] = img.tokens
-                size = sum(self.mm_cache.values()) if p.mm_cache_tokens else 0
-                while len(self.mm_cache) > p.mm_cache_items or size > p.mm_cache_tokens > 0:
-                    size -= self.mm_cache.popitem(last=False)[1]
-        return cost * (1.0 + p.cpu_contention * max(0, self.in_system - 1))
+                cache[img.digest] = img.tokens
+                size = sum(cache.values()) if p.mm_cache_tokens else 0
+                while len(cache) > p.mm_cache_items or size > p.mm_cache_tokens > 0:
+                    size -= cache.popitem(last=False)[1]
+            job.transfer_ktok += img.tokens / 1000.0
+            job.needs_transfer = p.ipc_s_per_ktok > 0
+        return cost * (1.0 + p.cpu_contention * max(0, srv.jobs - 1))
 
     def _ipc_cost(self, job: Job) -> float:
         return self.profile.ipc_s_per_ktok * job.transfer_ktok
@@ -444,6 +529,8 @@ class SimEngine:
             j.alloc, j.cached_tokens = got
             j.computed = j.cached_tokens
             j.t_admitted = self.now()
+            if j.t_queued is not None:
+                self.queue_time.observe((j.t_admitted - j.t_queued) / self.profile.time_scale)
             self.admitted_in_step += 1
             j.state = "running"
             self.running.append(j)
@@ -465,12 +552,15 @@ class SimEngine:
         if job.generated == 1:
             job.t_first = self.now()
             self.ttft.observe((job.t_first - job.t_arrival) / self.profile.time_scale)
+            if job.t_admitted is not None:
+                self.prefill_time.observe((job.t_first - job.t_admitted) / self.profile.time_scale)
         if job.generated % BLOCK_SIZE == 0 and job.alloc is not None:
             self.cache.grow(job.alloc)
         job._push(1)
-        self.api.debt += self.profile.cpu_token_s
+        self.apis[job.api].stage.debt += self.profile.cpu_token_s
         if job.generated >= job.max_tokens:
             job.state = "done"
+            self.apis[job.api].jobs -= 1
             self._release(job)
             self.finished += 1
             self.completed_in_step += 1

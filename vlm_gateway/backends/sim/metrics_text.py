@@ -7,7 +7,11 @@ Written by hand rather than with prometheus_client so that a simulator running
 inside the gateway process (the embedded default) never mixes its series into
 the gateway's own registry. Latencies are in simulated seconds (wall time
 divided by the profile's time scale), so a scaled run reports what the modelled
-engine would.
+engine would. As in vLLM, TTFT and e2e count from the request's arrival at the API
+server (its queue and preprocessing included), ``request_queue_time`` is the time in
+the scheduler's waiting queue and ``request_prefill_time`` from scheduling to the first
+token; ``mm_cache_*`` count processor-cache lookups per image, summed over the API
+servers; ``num_requests_waiting`` is the scheduler's queue only.
 """
 
 from __future__ import annotations
@@ -28,12 +32,19 @@ NAMES = {
     "pc_queries": ("vllm:prefix_cache_queries", "counter",
                    "Prefix cache queries, in terms of number of queried tokens."),
     "pc_hits": ("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens."),
+    "mm_queries": ("vllm:mm_cache_queries", "counter",
+                   "Multi-modal cache queries, in terms of number of queried items."),
+    "mm_hits": ("vllm:mm_cache_hits", "counter", "Multi-modal cache hits, in terms of number of cached items."),
     "prompt_tokens": ("vllm:prompt_tokens", "counter", "Number of prefill tokens processed."),
     "generation_tokens": ("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
     "success": ("vllm:request_success", "counter", "Count of successfully processed requests."),
     "preemptions": ("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine."),
     "ttft": ("vllm:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds."),
     "e2e": ("vllm:e2e_request_latency_seconds", "histogram", "Histogram of e2e request latency in seconds."),
+    "queue": ("vllm:request_queue_time_seconds", "histogram",
+              "Histogram of time spent in WAITING phase for request."),
+    "prefill": ("vllm:request_prefill_time_seconds", "histogram",
+                "Histogram of time spent in PREFILL phase for request."),
 }
 
 
@@ -60,7 +71,8 @@ def render(engine, model: str) -> bytes:
     c = engine.cache
     values = {
         "running": len(engine.running), "waiting": len(engine.waiting), "kv_usage": c.usage(),
-        "pc_queries": c.queries, "pc_hits": c.hits, "prompt_tokens": engine.prompt_tokens_total,
+        "pc_queries": c.queries, "pc_hits": c.hits, "mm_queries": engine.mm_queries, "mm_hits": engine.mm_hits,
+        "prompt_tokens": engine.prompt_tokens_total,
         "generation_tokens": engine.generation_tokens_total, "preemptions": 0,
     }
     # every request ends at max_tokens (finish_reason "length"); a client that went away is "abort"
@@ -70,7 +82,8 @@ def render(engine, model: str) -> bytes:
         out.append(f"# HELP {name} {help_}")
         out.append(f"# TYPE {name} {kind}")
         if kind == "histogram":
-            h: Histogram = engine.ttft if key == "ttft" else engine.e2e
+            h: Histogram = {"ttft": engine.ttft, "e2e": engine.e2e, "queue": engine.queue_time,
+                            "prefill": engine.prefill_time}[key]
             cum = 0
             for le, n in zip(h.buckets, h.counts):
                 cum += n

@@ -13,6 +13,7 @@ import yaml
 
 from .engine import SimEngine, SimProfile
 from .prompt import synthetic_prompt
+from .split_run import RUN_2026_12_01, SplitRow, replay_split
 from .vclock import run_virtual
 from .workload import CALIBRATION, OUTPUT_TOKENS, Row, simulate_row
 
@@ -48,10 +49,10 @@ def profile_names() -> list[str]:
 
 
 def get_profile(name: str, time_scale: float = 1.0, decode_tokens_per_s: float | None = None,
-                max_num_seqs: int | None = None) -> SimProfile:
+                max_num_seqs: int | None = None, api_servers: int | None = None) -> SimProfile:
     """A copy of profile ``name`` (KeyError if unknown) at ``time_scale``; a
     ``decode_tokens_per_s`` sets the single-sequence decode rate, ``max_num_seqs``
-    the concurrent sequences."""
+    the concurrent sequences, ``api_servers`` the API-server processes (ValueError below 1)."""
     profiles = load_profiles()
     if name not in profiles:
         raise KeyError(f"unknown simulator profile {name!r}; known: {', '.join(sorted(profiles))}")
@@ -62,6 +63,8 @@ def get_profile(name: str, time_scale: float = 1.0, decode_tokens_per_s: float |
         p = replace(p, decode_tokens_per_s=decode_tokens_per_s)   # __post_init__ sets step_base_s
     if max_num_seqs:
         p = replace(p, max_num_seqs=max_num_seqs)
+    if api_servers is not None:
+        p = replace(p, api_servers=api_servers)
     return p
 
 
@@ -165,9 +168,11 @@ def replay_run(profile: SimProfile, rows: list[MeasuredRow]) -> list[tuple[float
     return run_virtual(main())
 
 
-MEASURED_RUNS = {"table": CALIBRATION, "2026-11-30-run1": RUN1_2026_11_30, "2026-11-30-run2": RUN_2026_11_30}
+MEASURED_RUNS = {"table": CALIBRATION, "2026-11-30-run1": RUN1_2026_11_30, "2026-11-30-run2": RUN_2026_11_30,
+                 "2026-12-01": RUN_2026_12_01}
 # calibrated profile -> the measured run it is fitted to (aliases resolve through `base`)
-FITTED_TO = {"h200-qwen3vl-2b": "table", "h200-vllm024-2026-11-30": "2026-11-30-run2"}
+FITTED_TO = {"h200-qwen3vl-2b": "table", "h200-vllm024-2026-11-30": "2026-11-30-run2",
+             "h200-vllm024-2026-12-01": "2026-12-01"}
 
 
 def calibration_rows(name: str) -> list[Row]:
@@ -189,7 +194,9 @@ def calibration_rows(name: str) -> list[Row]:
 
 def simulate_rows(profile: SimProfile, rows: list[Row]) -> list[tuple[float, float]]:
     """(TTFT p50 ms, req/s) per row: a measured run is replayed in order on one engine,
-    independent rows (the first table) each on a fresh engine."""
+    independent rows (the first table, the 2026-12-01 cells) each on a fresh engine."""
     if rows and all(isinstance(r, MeasuredRow) for r in rows):
         return replay_run(profile, rows)
+    if rows and all(isinstance(r, SplitRow) for r in rows):
+        return [(t, q) for t, q, _, _ in replay_split(profile, rows)]
     return [simulate_row(profile, r) for r in rows]

@@ -13,7 +13,10 @@ behind every token for its block hashes, the gateway only the counts.
 Block hashes follow vLLM's scheme: block ``i`` hashes its parent's hash together
 with its content, and the content of a block that covers image tokens includes
 the image's content hash and the covered range, so a different image (even of
-the same size) changes the hash of every block from the image on.
+the same size) changes the hash of every block from the image on. A media part's
+``uuid`` replaces that content hash, as in vLLM 0.24, which takes the string itself as
+the item's identity in its processor cache, encoder cache and prefix blocks: two parts
+with one uuid are one item there, whatever their bytes.
 
 A ``video_url`` part (data: URI) is one such segment keyed by the video's content hash:
 its tokens are what vLLM 0.24 makes of it (vlm_gateway/video_tokens.py: the frames its
@@ -28,7 +31,7 @@ import base64
 import binascii
 import hashlib
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from PIL import Image, UnidentifiedImageError
 
@@ -44,7 +47,7 @@ class PromptError(ValueError):
 
 @dataclass(frozen=True)
 class SimImage:
-    digest: bytes          # content hash of the image bytes
+    digest: bytes          # identity (processor and prefix cache): the content hash, or the uuid's
     width: int
     height: int
     tokens: int            # visual tokens incl. the 2 markers
@@ -52,6 +55,8 @@ class SimImage:
     frames: int = 1        # frames the processor resizes and patchifies (video: sampled frames)
     groups: int = 1        # vision-encoder items: 1 for an image, temporal pairs for a video
     decode_pixels: int = 0  # pixels the loader decodes (video: every frame it grabs); 0 = pixels
+    content: bytes = b""   # content hash of the bytes (= digest unless a uuid names the item)
+    uuid: str | None = None
 
     @property
     def pixels(self) -> int:
@@ -124,8 +129,7 @@ class _Layout:
             self.n += ntok
 
     def image(self, img: SimImage) -> None:
-        img = SimImage(img.digest, img.width, img.height, img.tokens, start=self.n, frames=img.frames,
-                       groups=img.groups, decode_pixels=img.decode_pixels)
+        img = replace(img, start=self.n)
         self.segments.append(("i", img, img.tokens))
         self.images.append(img)
         self.n += img.tokens
@@ -158,7 +162,20 @@ def block_hashes(segments: list[tuple], num_tokens: int, block_size: int = BLOCK
     return hashes
 
 
-def _image_for(url: str, fetched: dict[str, bytes]) -> SimImage:
+def _named(img: SimImage, uuid) -> SimImage:
+    """A media part's ``uuid`` is the item's identity, as in vLLM 0.24 (chat_utils reads it
+    beside the url; the processor uses the string itself as the item's hash): two parts with
+    one uuid share processor-cache entries and prefix blocks whatever their bytes."""
+    content = img.digest
+    if uuid is None:
+        return replace(img, content=content)
+    uuid = str(uuid)
+    return replace(img, digest=hashlib.sha256(b"uuid\0" + uuid.encode()).digest(), content=content, uuid=uuid)
+
+
+def _image_for(url, fetched: dict[str, bytes]) -> SimImage:
+    if not isinstance(url, str):
+        raise PromptError("image_url.url must be a string")
     data = decode_data_uri(url) if url.startswith("data:") else fetched.get(url)
     if data is None:
         raise PromptError(f"image URL was not fetched: {url[:80]}")
@@ -222,13 +239,14 @@ def build_prompt(body: dict, fetched: dict[str, bytes] | None = None) -> PromptS
                     lay.text(str(part.get("text", "")).encode())
                 elif part.get("type") == "image_url":
                     iu = part.get("image_url")
-                    lay.image(_image_for(iu.get("url") if isinstance(iu, dict) else iu, fetched))
+                    lay.image(_named(_image_for(iu.get("url") if isinstance(iu, dict) else iu, fetched),
+                                     part.get("uuid")))
                 elif part.get("type") == "video_url":
                     vu = part.get("video_url")
                     url = vu.get("url") if isinstance(vu, dict) else vu
                     if not isinstance(url, str):
                         raise PromptError("video_url.url must be a string")
-                    lay.image(_video_for(url, fetched))
+                    lay.image(_named(_video_for(url, fetched), part.get("uuid")))
         lay.text(b"<|im_end|>\n", TEMPLATE_TOKENS_PER_MESSAGE - 3)
     lay.text(b"<|im_start|>assistant\n<think>\n\n</think>\n\n", TEMPLATE_TOKENS_PER_REQUEST)
     return lay.spec()
@@ -240,7 +258,7 @@ def synthetic_prompt(text: str, images: list[tuple[int, int, bytes]]) -> PromptS
     lay = _Layout()
     lay.text(b"<|im_start|>user\n", 3)
     for w, h, digest in images:
-        lay.image(SimImage(digest, w, h, visual_tokens(w, h, markers=True)))
+        lay.image(SimImage(digest, w, h, visual_tokens(w, h, markers=True), content=digest))
     lay.text(text.encode())
     lay.text(b"<|im_end|>\n", TEMPLATE_TOKENS_PER_MESSAGE - 3)
     lay.text(b"<|im_start|>assistant\n<think>\n\n</think>\n\n", TEMPLATE_TOKENS_PER_REQUEST)
