@@ -23,6 +23,7 @@ from .policy import Policy
 from .pressure import long_side as pressed
 from . import vips
 from .resize import downscale, prescale_size, reduce_factor
+from .spans import NONE, Spans
 from .trim import content_box
 
 DEFAULT_MAX_SOURCE_PIXELS = 64_000_000
@@ -103,34 +104,41 @@ def _draft(header: Header, policy: Policy) -> tuple[int, int]:
 
 
 def _within(data: bytes, header: Header, op: Opened, policy: Policy, t0: float, before: int,
-            budget: Budget | None = None) -> Rewritten:
+            budget: Budget | None = None, spans: Spans = NONE) -> Rewritten:
     """Sent at its own size: the original bytes once verified, or converted."""
     d = verify(op)
+    spans.mark("verify")
     if d is None:
         return Rewritten(None, data, MIME[header.format], header.width, header.height, header.width,
                          header.height, len(data), before, before, seconds=time.perf_counter() - t0, budget=budget)
     im = d.image  # converted at its own size: no trim, no resize
     out, mime = encode(im, policy.jpeg_quality)
-    return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
+    spans.mark("encode")
+    uri = data_uri(out, mime)
+    spans.mark("base64")
+    return Rewritten(uri, out, mime, im.width, im.height, header.width, header.height,
                      len(data), before, tokens(im.width, im.height, policy), False,
                      time.perf_counter() - t0, conversions=tuple(d.conversions),
                      view=(im.width, im.height, 0.0, 0.0, float(im.width), float(im.height)), budget=budget)
 
 
 def rewrite(data: bytes, header: Header, policy: Policy,
-            max_source_pixels: int = DEFAULT_MAX_SOURCE_PIXELS) -> Rewritten:
+            max_source_pixels: int = DEFAULT_MAX_SOURCE_PIXELS, spans: Spans = NONE) -> Rewritten:
     """Rewrite ``data`` (already probed) for ``policy``. Within budget the original
-    bytes pass through once they are verified and need no conversion."""
+    bytes pass through once they are verified and need no conversion. ``spans``: where
+    the time went, step by step (spans.py)."""
     t0 = time.perf_counter()
     op = open_checked(data, header.format, max_source_pixels)
     header = Header(header.format, *op.size)  # the real size, whatever the header declared
     before = tokens(header.width, header.height, policy)
+    spans.mark("open")
     if not needs_rewrite(header, policy):
-        return _within(data, header, op, policy, t0, before)
+        return _within(data, header, op, policy, t0, before, spans=spans)
     f = policy.grid_factor
     gap = policy.prescale_gap
     d = decode_opened(op, _draft(header, policy))
     full, scale = d.image, d.scale
+    spans.mark("decode")
     view = _full_view(full, scale, header)
     trimmed = False
     fbox = None  # the content box in ``full``'s pixels (None: all of it)
@@ -151,15 +159,17 @@ def rewrite(data: bytes, header: Header, policy: Policy,
             view = (view[0], view[1], box[0] * kx, box[1] * ky, box[2] * kx, box[3] * ky)
             fbox = (box[0] * k, box[1] * k, min(full.width, box[2] * k), min(full.height, box[3] * k))
             trimmed = True
+        spans.mark("trim")
     # target from the upright content size in source pixels
     fw, fh = (fbox[2] - fbox[0], fbox[3] - fbox[1]) if fbox else full.size
     cw, ch = max(1, round(fw * scale)), max(1, round(fh * scale))
     budget = decide(policy, Decoded(full, scale, d.conversions, d.frames), max(cw, ch), fbox)
     long_side = budget.long_side
+    spans.mark("estimate")
     if not trimmed and long_side >= max(header.width, header.height):
         # the text needs every pixel: sent at its own size, as the fixed rule sends small images
         return _within(data, header, open_checked(data, header.format, max_source_pixels), policy, t0, before,
-                       budget)
+                       budget, spans)
     target = target_size(cw, ch, long_side, f, policy.min_pixels)
     need = prescale_size(target, gap)
     if scale > 1 and (fw < need[0] or fh < need[1]):
@@ -172,9 +182,14 @@ def rewrite(data: bytes, header: Header, policy: Policy,
             fbox = (round(view[2] / view[0] * full.width), round(view[3] / view[1] * full.height),
                     round(view[4] / view[0] * full.width), round(view[5] / view[1] * full.height))
         fw, fh = (fbox[2] - fbox[0], fbox[3] - fbox[1]) if fbox else full.size
+        spans.mark("decode")
     im = vips.rgb(downscale(full, target, policy.resample, gap, fbox, reduced))  # RGB after the reduction
+    spans.mark("resize")
     out, mime = encode(im, policy.jpeg_quality)
-    return Rewritten(data_uri(out, mime), out, mime, im.width, im.height, header.width, header.height,
+    spans.mark("encode")
+    uri = data_uri(out, mime)
+    spans.mark("base64")
+    return Rewritten(uri, out, mime, im.width, im.height, header.width, header.height,
                      len(data), before, tokens(im.width, im.height, policy), trimmed, time.perf_counter() - t0,
                      view=view, conversions=tuple(d.conversions), budget=budget)
 

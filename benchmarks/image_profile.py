@@ -1,0 +1,157 @@
+"""Where one image request's time goes in the gateway process, step by step.
+
+    python benchmarks/image_profile.py [--reps 9] [--images jpeg1080,png1080,png1800,jpeg12mp]
+                                       [--cores 0] [--out docs/benchmarks/image-profile.json]
+
+Per image (benchmarks/gpu/loadgen.py's base images: a 1080p JPEG screenshot, 1080p and
+2880x1800 PNG desktop screenshots, a 12 MP JPEG photo) and per config (``default``: the
+gateway's defaults, no profile; ``h200``: the shipped profile's caps, its
+``image_max_long_side`` and ``image_max_pixels`` as the stage applies them), the request
+body a client sends (JSON with a data: URI) goes through the gateway's own functions in
+order, each timed with ``time.perf_counter`` (wall time, this process alone, no other
+thread but libvips' own): body read (the ASGI chunks joined, as ``proxy/body.py`` does),
+JSON parse and validation (``parse_chat``), base64 decode, hash, header probe, then the
+rewrite's own spans (``stages/images/spans.py``: open = structural scan + open + size
+check, decode, trim, estimate = the legibility estimate and the budget, resize, encode,
+base64 of the output), then the JSON re-encode of the body sent upstream. Median and p99
+of ``--reps`` runs after one warm-up; ``--cores N`` pins the process to N cores first
+(0: as it is). ``--cprofile`` also prints the functions with the most own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "gpu")]
+
+IMAGES = ["jpeg1080", "png1080", "png1800", "jpeg12mp"]
+# the shipped h200 profile's image caps (backends/profiles.yaml), read at run time
+PROFILE = "h200"
+CHUNK = 65536  # ASGI body chunks as uvicorn hands them over loopback (up to 64 KiB)
+
+
+def profile_caps(name: str) -> tuple[int, int]:
+    from vlm_gateway.backends.profiles import load_profiles
+    p = load_profiles()[name]
+    return int(p.get("image_max_long_side") or 0), int(p.get("image_max_pixels") or 0)
+
+
+def request_body(img: bytes) -> bytes:
+    mime = "image/png" if img[:4] == b"\x89PNG" else "image/jpeg"
+    import orjson
+    return orjson.dumps({"model": "qwen3vl", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": f"data:{mime};base64," + base64.b64encode(img).decode()}},
+        {"type": "text", "text": "What does the screen show?"}]}]})
+
+
+def one(raw_body: bytes, caps: tuple[int, int] | None) -> tuple[dict[str, float], str]:
+    """The request path once: step -> seconds, and what was sent (size, mime)."""
+    from vlm_gateway.config import ImagesConfig
+    from vlm_gateway.core.request import parse_chat
+    from vlm_gateway.data_uri import decode as decode_uri
+    from vlm_gateway.hashing import content_hash
+    from vlm_gateway.stages.images.decode import probe
+    from vlm_gateway.stages.images.policy import resolve
+    from vlm_gateway.stages.images.rewrite import rewrite
+    from vlm_gateway.stages.images.spans import Spans
+    from vlm_gateway.stages.images.stage import _capped
+    from vlm_gateway.stages.images.source import Source
+
+    chunks = [raw_body[i:i + CHUNK] for i in range(0, len(raw_body), CHUNK)]
+    cfg = ImagesConfig()
+    steps: dict[str, float] = {}
+    t = time.perf_counter()
+
+    def mark(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        steps[name] = now - t
+        t = now
+
+    body = b"".join(chunks)
+    mark("body read")
+    req = parse_chat(body, {"content-type": "application/json"}, "r")
+    mark("JSON parse")
+    part = req.images[0]
+    data = decode_uri(part.url)
+    mark("base64 decode")
+    h = content_hash(data)
+    mark("hash")
+    header = probe(data, cfg.max_source_pixels)
+    mark("header probe")
+    pol = resolve(cfg, req.model, "default", part.detail)
+    if caps is not None:
+        pol = _capped(pol, Source("data", part.url, h, header, len(data), data), *caps)
+    sp = Spans()
+    r = rewrite(data, header, pol, cfg.max_source_pixels, spans=sp)
+    t = time.perf_counter()
+    for k, v in sp.steps.items():
+        steps[k] = steps.get(k, 0.0) + v
+    part.set_url(r.url if r.url is not None else part.url)
+    out = req.encode()
+    mark("JSON re-encode")
+    return steps, f"{r.width}x{r.height} {r.mime.split('/')[1]} ({len(out)} B body)"
+
+
+ORDER = ["body read", "JSON parse", "base64 decode", "hash", "header probe", "open", "verify", "decode", "trim",
+         "estimate", "resize", "encode", "base64", "JSON re-encode"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--images", default=",".join(IMAGES))
+    ap.add_argument("--cores", type=int, default=0)
+    ap.add_argument("--cprofile", action="store_true")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    if a.cores:
+        os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:a.cores]))
+    import loadgen
+    caps = profile_caps(PROFILE)
+    res: dict = {"reps": a.reps, "cores": len(os.sched_getaffinity(0)), "profile": {PROFILE: caps},
+                 "clock": "time.perf_counter spans, wall ms", "images": {}}
+    for kind in a.images.split(","):
+        img = loadgen.base_image(kind)
+        body = request_body(img)
+        for config, c in (("default", None), (PROFILE, caps)):
+            one(body, c)
+            runs = [one(body, c) for _ in range(a.reps)]
+            sent = runs[0][1]
+            names = [k for k in ORDER if any(k in s for s, _ in runs)]
+            row = {"bytes_in": len(img), "body_bytes": len(body), "sent": sent, "steps": {}}
+            totals = sorted(sum(s.values()) * 1000 for s, _ in runs)
+            for k in names:
+                xs = sorted(s.get(k, 0.0) * 1000 for s, _ in runs)
+                row["steps"][k] = {"median": round(statistics.median(xs), 3),
+                                   "p99": round(xs[min(len(xs) - 1, int(0.99 * len(xs)))], 3)}
+            row["total"] = {"median": round(statistics.median(totals), 2), "p99": round(totals[-1], 2)}
+            res["images"][f"{kind}/{config}"] = row
+            print(f"{kind:9s} {config:8s} -> {sent:34s} total {row['total']['median']:6.1f} ms  " +
+                  "  ".join(f"{k} {v['median']:.2f}" for k, v in row["steps"].items()), flush=True)
+            if a.cprofile:
+                pr = cProfile.Profile()
+                pr.enable()
+                for _ in range(a.reps):
+                    one(body, c)
+                pr.disable()
+                s = io.StringIO()
+                pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(10)
+                print(s.getvalue().split("\n\n", 2)[-1][:2200])
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
