@@ -57,12 +57,62 @@ def test_the_trims_reduction_is_the_resizes_when_their_factor_is_the_same(monkey
     src = C.photo_jpeg(1920, 1080)
     calls = []
     real = Image.Image.reduce
-    monkeypatch.setattr(Image.Image, "reduce", lambda im, *a, **k: calls.append(im.size) or real(im, *a, **k))
+
+    def whole(im, factor, box=None, **k):  # reductions of the whole image (not of its corner blocks)
+        if box is None:
+            calls.append(im.size)
+        return real(im, factor, box, **k)
+    monkeypatch.setattr(Image.Image, "reduce", whole)
     r = rewrite_bytes(src)
     assert (r.width, r.height) == (768, 448) and calls == [(1920, 1080)]
     monkeypatch.setattr(Image.Image, "reduce", real)
     full = np.asarray(Image.open(io.BytesIO(src)).convert("RGB"))
     assert psnr(np.asarray(out_image(r).convert("RGB")), lanczos_reference(full, r.width, r.height)) >= 31.0
+
+
+def test_no_border_to_find_costs_no_reduction(monkeypatch):
+    """A screenshot whose corners differ (menu bar, sidebar) has no uniform border: the border
+    search reads four corner blocks, and nothing is reduced that the resize does not need."""
+    calls = []
+    real = Image.Image.reduce
+
+    def whole(im, factor, box=None, **k):
+        if box is None:
+            calls.append(im.size)
+        return real(im, factor, box, **k)
+    monkeypatch.setattr(Image.Image, "reduce", whole)
+    r = rewrite_bytes(C.desktop_screenshot_png(1920, 1080))  # its text needs every pixel: sent as it is
+    assert r.passthrough and not r.trimmed and calls == []
+    r = rewrite_bytes(C.desktop_screenshot_png(1920, 1080), Policy(budget="fixed"))  # 768: one reduction, the resize's
+    assert (r.width, r.height) == (768, 448) and not r.trimmed and calls == [(1920, 1080)]
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBX", "L"])
+def test_the_corner_check_is_the_reduced_images_own(mode):
+    """``uniform_corners(im, k)`` says what ``content_box(im.reduce(k))`` finds at its corners,
+    for every size (partial edge blocks) and factor, bordered or not."""
+    from vlm_gateway.stages.images.trim import content_box, uniform_corners
+    rng = np.random.default_rng(7)
+    for i in range(120):
+        w, h = int(rng.integers(6, 400)), int(rng.integers(6, 400))
+        a = np.full((h, w, 3), 240, np.uint8)
+        if i % 3:  # content inside a border, sometimes touching a corner block
+            y0, x0 = int(rng.integers(0, h // 2)), int(rng.integers(0, w // 2))
+            a[y0:y0 + int(rng.integers(1, h - y0 + 1)), x0:x0 + int(rng.integers(1, w - x0 + 1))] = \
+                rng.integers(0, 256, 3, dtype=np.uint8)
+        a = np.clip(a.astype(int) + rng.integers(-6, 7, a.shape), 0, 255).astype(np.uint8)
+        im = Image.fromarray(a).convert(mode) if mode != "L" else Image.fromarray(a[..., 0])
+        for k in (1, 2, 3, 5):
+            if k > min(w, h) // 3:
+                continue
+            small = im.reduce(k) if k >= 2 else im
+            small = small.convert("RGB") if small.mode != "RGB" else small
+            if not uniform_corners(im, k, 8):
+                assert content_box(small, 8, 2) is None
+            else:
+                c = [small.getpixel(p) for p in ((0, 0), (small.width - 1, 0), (0, small.height - 1),
+                                                  (small.width - 1, small.height - 1))]
+                assert all(max(abs(x - y) for x, y in zip(p, c[0])) <= 8 for p in c)
 
 
 def test_small_image_passes_through_untouched():
@@ -343,3 +393,17 @@ def test_corrupted_png_chunk_caught_by_its_crc():
     with pytest.raises(ImageError) as e:
         rewrite_bytes(bytes(data))
     assert e.value.code == "image_corrupt" and "CRC" in str(e.value)
+
+
+def test_what_is_sent_carries_no_metadata_of_the_source():
+    """No ICC profile (LittleCMS's sRGB profile of a converted image holds its creation time:
+    the same source gave other bytes in another process), no JPEG comment, no EXIF."""
+    p3 = rewrite_bytes(C.p3_tagged("png"))
+    assert not p3.passthrough and "icc_profile" not in Image.open(io.BytesIO(p3.data)).info
+    src = C.save(Image.fromarray(C.photo_array(1600, 1200)), "JPEG", quality=90, comment=b"client note",
+                 exif=Image.Exif().tobytes())
+    r = rewrite_bytes(src)
+    out = Image.open(io.BytesIO(r.data))
+    assert not r.passthrough and "comment" not in out.info and "exif" not in out.info
+    rot = rewrite_bytes(C.exif_rotated_jpeg())
+    assert not set(Image.open(io.BytesIO(rot.data)).info) & {"icc_profile", "comment", "exif"}

@@ -23,9 +23,18 @@ FLAT_MAX_COLOURS = 1024
 PNG_SIZE_SLACK = 1.5
 
 
+# Nothing of the source's metadata goes out: Pillow would copy a JPEG comment and (into a PNG)
+# the image's ICC profile from ``im.info``; LittleCMS's sRGB profile on a converted image
+# carries its creation time, so the same source gave other bytes in another process.
+_NO_META_JPEG = {"icc_profile": None, "comment": "", "exif": b""}
+_NO_META_PNG = {"icc_profile": None, "transparency": None, "exif": None}
+
+
 def encode_jpeg(im: Image.Image, quality: int) -> bytes:
+    """``im``: RGB, L, or RGBX (libjpeg-turbo reads the padding band's layout as it is: the
+    same bytes as the RGB image, without unpacking it first)."""
     buf = io.BytesIO()
-    im.save(buf, "JPEG", quality=quality, optimize=False, progressive=False, subsampling="4:2:0")
+    im.save(buf, "JPEG", quality=quality, optimize=False, progressive=False, subsampling="4:2:0", **_NO_META_JPEG)
     return buf.getvalue()
 
 
@@ -35,8 +44,10 @@ PNG_COMPRESS_LEVEL = 1
 
 
 def encode_png(im: Image.Image) -> bytes:
+    if im.mode == "RGBX":  # PNG has no padding band
+        im = im.convert("RGB")
     buf = io.BytesIO()
-    im.save(buf, "PNG", compress_level=PNG_COMPRESS_LEVEL, optimize=False)
+    im.save(buf, "PNG", compress_level=PNG_COMPRESS_LEVEL, optimize=False, **_NO_META_PNG)
     return buf.getvalue()
 
 
@@ -45,7 +56,7 @@ def is_flat(im: Image.Image) -> bool:
 
 
 def encode(im: Image.Image, quality: int) -> tuple[bytes, str]:
-    """(bytes, mime) for an RGB image."""
+    """(bytes, mime) for an RGB (or RGBX: ``vips.resize``'s output) image."""
     jpeg = encode_jpeg(im, quality)
     if is_flat(im):
         png = encode_png(im)

@@ -24,7 +24,7 @@ from .pressure import long_side as pressed
 from . import vips
 from .resize import downscale, prescale_size, reduce_factor
 from .spans import NONE, Spans
-from .trim import content_box
+from .trim import content_box, uniform_corners
 
 DEFAULT_MAX_SOURCE_PIXELS = 64_000_000
 ESTIMATE_LONG = 1000  # the legible rule estimates on a decode of at least this long side
@@ -150,10 +150,12 @@ def rewrite(data: bytes, header: Header, policy: Policy,
         low = target_size(max(1, round(full.width * scale)), max(1, round(full.height * scale)), floor, f,
                           policy.min_pixels)
         k = reduce_factor(full.size, low, gap)
-        if k >= 2:
-            reduced = (k, full.reduce(k))
-        small = vips.rgb(reduced[1] if reduced else full)
-        box = content_box(small, policy.trim_tolerance, min_side=max(2, int(f / (scale * k))))
+        box = None
+        if uniform_corners(full, k, policy.trim_tolerance):  # else no border to find: nothing reduced
+            if k >= 2:
+                reduced = (k, full.reduce(k))
+            small = vips.rgb(reduced[1] if reduced else full)
+            box = content_box(small, policy.trim_tolerance, min_side=max(2, int(f / (scale * k))))
         if box is not None:
             kx, ky = view[0] / small.width, view[1] / small.height
             view = (view[0], view[1], box[0] * kx, box[1] * ky, box[2] * kx, box[3] * ky)
@@ -167,7 +169,13 @@ def rewrite(data: bytes, header: Header, policy: Policy,
     long_side = budget.long_side
     spans.mark("estimate")
     if not trimmed and long_side >= max(header.width, header.height):
-        # the text needs every pixel: sent at its own size, as the fixed rule sends small images
+        # the text needs every pixel: sent at its own size, as the fixed rule sends small images.
+        # The decode just made read every pixel (a JPEG every coefficient): it is the
+        # verification, and with nothing to convert the original bytes go.
+        if not d.conversions:
+            return Rewritten(None, data, MIME[header.format], header.width, header.height, header.width,
+                             header.height, len(data), before, before, seconds=time.perf_counter() - t0,
+                             budget=budget)
         return _within(data, header, open_checked(data, header.format, max_source_pixels), policy, t0, before,
                        budget, spans)
     target = target_size(cw, ch, long_side, f, policy.min_pixels)
@@ -183,7 +191,9 @@ def rewrite(data: bytes, header: Header, policy: Policy,
                     round(view[4] / view[0] * full.width), round(view[5] / view[1] * full.height))
         fw, fh = (fbox[2] - fbox[0], fbox[3] - fbox[1]) if fbox else full.size
         spans.mark("decode")
-    im = vips.rgb(downscale(full, target, policy.resample, gap, fbox, reduced))  # RGB after the reduction
+    im = downscale(full, target, policy.resample, gap, fbox, reduced)
+    if im.mode not in ("RGB", "RGBX"):  # RGBX (libvips' output) is encoded as it is
+        im = vips.rgb(im)
     spans.mark("resize")
     out, mime = encode(im, policy.jpeg_quality)
     spans.mark("encode")
