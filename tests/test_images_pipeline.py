@@ -407,3 +407,25 @@ def test_what_is_sent_carries_no_metadata_of_the_source():
     assert not r.passthrough and "comment" not in out.info and "exif" not in out.info
     rot = rewrite_bytes(C.exif_rotated_jpeg())
     assert not set(Image.open(io.BytesIO(rot.data)).info) & {"icc_profile", "comment", "exif"}
+
+
+@pytest.mark.parametrize("src,policy", [
+    (C.desktop_screenshot_png(1920, 1080), Policy().capped(1280)),   # libvips resize from the full decode
+    (C.photo_jpeg(1920, 1080), Policy(max_long_side=1568, budget="client")),  # Pillow decode, read in place
+    (C.screenshot_png(), Policy()),                                   # trimmed
+    (C.desktop_screenshot_png(2880, 1800), Policy()),                 # estimate in bands of a big image
+])
+def test_the_bytes_do_not_depend_on_the_threads_a_job_was_granted(src, policy):
+    """More threads per image (spare cores) split the work, never the result: the L2 prefix
+    caches need the same bytes for the same source, however busy the machine was."""
+    from vlm_gateway.stages.images import spare
+    outs = set()
+    try:
+        for n in (1, 2, 4, 3):
+            spare.set_granted(n)
+            r = rewrite_bytes(src, policy)
+            assert not r.passthrough
+            outs.add((r.data, r.width, r.height, r.budget))
+    finally:
+        spare.set_granted(1)
+    assert len(outs) == 1

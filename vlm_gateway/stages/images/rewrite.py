@@ -13,15 +13,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from ...vision_tokens import target_size, visual_tokens
 from . import budget as budgets
 from .budget import Budget
 from .decode import MIME, Decoded, Header, Opened, decode_opened, open_checked, probe, verify
 from .encode import data_uri, encode
-from .legibility import estimate
+from .legibility import estimate, strips
 from .policy import Policy
 from .pressure import long_side as pressed
-from . import vips
+from . import spare, vips
 from .resize import downscale, prescale_size, reduce_factor
 from .spans import NONE, Spans
 from .trim import content_box, uniform_corners
@@ -77,14 +79,32 @@ def needs_rewrite(header: Header, policy: Policy) -> bool:
 _PRESSURE_CLASS = {"no_text": "none", "text": "text", "dense_text": "text"}
 
 
-def decide(policy: Policy, d: Decoded, content_long: int, box: tuple[int, int, int, int] | None = None) -> Budget:
+BAND_ROWS = 64  # fewest rows a helper's band of the estimate's strips is worth
+
+
+def estimate_in_bands(im, scale: float, box: tuple[int, int, int, int] | None, n: int):
+    """``legibility.estimate(im, scale, box)``, its strips (grayscale column samples) made in
+    ``n`` row bands at once, one by this thread and the rest by helpers: the same array, so
+    the same estimate (strips are column ranges; rows split freely)."""
+    x0, y0, x1, y1 = box or (0, 0, *im.size)
+    n = min(n, (y1 - y0) // BAND_ROWS)
+    if n <= 1:
+        return estimate(im, scale, box)
+    cuts = [y0 + (y1 - y0) * i // n for i in range(n + 1)]
+    futs = [spare.helpers(n).submit(strips, im, (x0, cuts[i], x1, cuts[i + 1])) for i in range(1, n)]
+    first = strips(im, (x0, cuts[0], x1, cuts[1]))
+    return estimate(np.concatenate([first] + [f.result() for f in futs], axis=0), scale)
+
+
+def decide(policy: Policy, d: Decoded, content_long: int, box: tuple[int, int, int, int] | None = None,
+           threads: int = 1) -> Budget:
     """The long side for this image: THE call site of the decision (budget.py), lowered
     under engine pressure by the SLO budget level (pressure.py), never below
     ``legible_floor`` unless the client or tenant opted in."""
     if not policy.legible:
         b = budgets.fixed(policy, content_long, "client" if policy.budget == "client" else "fixed")
     else:
-        b = budgets.choose(estimate(d.image, d.scale, box), content_long, policy)
+        b = budgets.choose(estimate_in_bands(d.image, d.scale, box, threads), content_long, policy)
     if policy.level <= 0:
         return b
     side = pressed(b.long_side, b.legible_floor, _PRESSURE_CLASS.get(b.cls, "unknown"), policy.level,
@@ -128,6 +148,8 @@ def rewrite(data: bytes, header: Header, policy: Policy,
     bytes pass through once they are verified and need no conversion. ``spans``: where
     the time went, step by step (spans.py)."""
     t0 = time.perf_counter()
+    threads = spare.granted()  # more than 1 only while cores are idle (spare.py): same bytes either way
+    vips.threads(1)  # a decode is sequential; the resize below takes the grant
     op = open_checked(data, header.format, max_source_pixels)
     header = Header(header.format, *op.size)  # the real size, whatever the header declared
     before = tokens(header.width, header.height, policy)
@@ -165,7 +187,7 @@ def rewrite(data: bytes, header: Header, policy: Policy,
     # target from the upright content size in source pixels
     fw, fh = (fbox[2] - fbox[0], fbox[3] - fbox[1]) if fbox else full.size
     cw, ch = max(1, round(fw * scale)), max(1, round(fh * scale))
-    budget = decide(policy, Decoded(full, scale, d.conversions, d.frames), max(cw, ch), fbox)
+    budget = decide(policy, Decoded(full, scale, d.conversions, d.frames), max(cw, ch), fbox, threads)
     long_side = budget.long_side
     spans.mark("estimate")
     if not trimmed and long_side >= max(header.width, header.height):
@@ -191,7 +213,9 @@ def rewrite(data: bytes, header: Header, policy: Policy,
                     round(view[4] / view[0] * full.width), round(view[5] / view[1] * full.height))
         fw, fh = (fbox[2] - fbox[0], fbox[3] - fbox[1]) if fbox else full.size
         spans.mark("decode")
+    vips.threads(threads)
     im = downscale(full, target, policy.resample, gap, fbox, reduced)
+    vips.threads(1)
     if im.mode not in ("RGB", "RGBX"):  # RGBX (libvips' output) is encoded as it is
         im = vips.rgb(im)
     spans.mark("resize")

@@ -45,7 +45,7 @@ class VideoSettings:
     max_decoded_pixels: int = 16_000_000_000    # all decoded frames together
     max_decode_s: float = 60.0                  # wall clock for the whole rewrite
     max_buffer_bytes: int = 384 * 1024 * 1024   # sampled frames kept in memory
-    decode_threads: int = 1                     # FFmpeg codec threads per decode (latency vs pool width)
+    decode_threads: int = 1                     # FFmpeg codec threads per decode; 0: the pool's grant (images/spare.py)
     skip_nonref: bool = True                    # skip unreferenced frames when sampling far below the source rate
     # the engine's video processor (token rule; output must stay within its sampling)
     engine: VideoProcessorSpec = field(default=QWEN3_VL)
