@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ...vision_tokens import target_size, visual_tokens
+from ...vision_tokens import smart_resize, target_size, visual_tokens
 from . import budget as budgets
 from .budget import Budget
 from .decode import MIME, Decoded, Header, Opened, decode_opened, open_checked, probe, verify
@@ -201,6 +201,9 @@ def rewrite(data: bytes, header: Header, policy: Policy,
         return _within(data, header, open_checked(data, header.format, max_source_pixels), policy, t0, before,
                        budget, spans)
     target = target_size(cw, ch, long_side, f, policy.min_pixels)
+    if target == (cw, ch):  # trimmed content within the budget: on the grid too, as the engine would make it
+        sh, sw = smart_resize(ch, cw, f, policy.min_pixels, policy.max_pixels)
+        target = (sw, sh)
     need = prescale_size(target, gap)
     if scale > 1 and (fw < need[0] or fh < need[1]):
         # the reduced decode is too small for this text's budget: decode again, finer
