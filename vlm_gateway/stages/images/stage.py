@@ -39,7 +39,7 @@ from ...vision_tokens import send_cap
 from ..auth import TENANT
 from ..grounding import plan as grounding
 from .decode import ImageError, probe
-from .encode import data_uri
+from .encode import ENCODER, data_uri
 from .fetch import FetchError, check_address
 from .l1 import L1Cache
 from .policy import BELOW_FLOOR, POLICY_HEADER, Policy, parse_header, resolve
@@ -157,7 +157,7 @@ class ImageRewriter(Stage):
         if src.kind == "url_passthrough":
             return Rewritten(None, b"", "", 0, 0, 0, 0, 0, 0, 0), "url_passthrough"
         assert header is not None
-        key = f"{src.hash}|{policy.key}"
+        key = f"{src.hash}|{policy.key}|{ENCODER}"
         verdict = self.verified.get(key) if src.kind == "data" else None
         if verdict is not None:  # verified before: the original string goes
             return replace(verdict, data=src.data or b""), "passthrough"
