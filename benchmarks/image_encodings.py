@@ -150,7 +150,8 @@ def main() -> None:
     a = ap.parse_args()
     from vlm_gateway.stages.images.policy import Policy
     from vlm_gateway.stages.images.decode import probe
-    from vlm_gateway.vision_tokens import send_cap
+    from vlm_gateway.stages.images import vips
+    from vlm_gateway.vision_tokens import send_cap, smart_resize
     encs = encoders()
     rows = []
     pool = None
@@ -165,10 +166,25 @@ def main() -> None:
         for config in a.configs.split(","):
             pol = Policy() if config == "default" else Policy().capped(send_cap(head.width, head.height, 1280, 1638400))
             im, r = capture(data, pol)
-            if im is None:  # sent as it came: nothing encoded
-                rows.append({"class": cls, "name": name, "config": config, "sent": "original",
-                             "size": [head.width, head.height]})
-                print(f"{cls:17s} {name:22s} {config:8s} sent as it came", flush=True)
+            if im is None:  # sent as it came: what the engine pays for it, and what a JPEG on its grid would cost
+                row = {"class": cls, "name": name, "config": config, "sent": "original",
+                       "size": [head.width, head.height], "bytes": len(data)}
+                b64 = pybase64.b64encode(data).decode("ascii")
+                row["engine_ms_original"] = median_ms(lambda: engine_load(b64), a.reps)
+                full = engine_load(b64)
+                gh, gw = smart_resize(full.height, full.width)
+                vips.threads(1)
+
+                def to_grid():
+                    return encs["jpeg420_q90"](vips.resize(full, (gw, gh), "bicubic") if (gw, gh) != full.size else full)
+                jpg = to_grid()
+                row["as_jpeg_on_grid"] = {"size": [gw, gh], "bytes": len(jpg),
+                                          "gateway_ms": median_ms(lambda: pybase64.b64encode(to_grid()), a.reps),
+                                          "engine_ms": median_ms(lambda: engine_load(pybase64.b64encode(jpg).decode()),
+                                                                 a.reps)}
+                rows.append(row)
+                print(f"{cls:17s} {name:22s} {config:8s} sent as it came: engine {row['engine_ms_original']} ms; "
+                      f"as JPEG on the grid {row['as_jpeg_on_grid']}", flush=True)
                 continue
             row = {"class": cls, "name": name, "config": config, "size": [im.width, im.height],
                    "today": r.mime, "flat": im.getcolors(1024) is not None, "enc": {}}

@@ -1,7 +1,7 @@
 """Where one image request's time goes in the gateway process, step by step.
 
     python benchmarks/image_profile.py [--reps 9] [--images jpeg1080,png1080,png1800,jpeg12mp]
-                                       [--cores 0] [--out docs/benchmarks/image-profile.json]
+                                       [--before DIR] [--cores 0] [--out docs/benchmarks/image-profile.json]
 
 Per image (benchmarks/gpu/loadgen.py's base images: a 1080p JPEG screenshot, 1080p and
 2880x1800 PNG desktop screenshots, a 12 MP JPEG photo) and per config (``default``: the
@@ -16,6 +16,11 @@ check, decode, trim, estimate = the legibility estimate and the budget, resize, 
 base64 of the output), then the JSON re-encode of the body sent upstream. Median and p99
 of ``--reps`` runs after one warm-up; ``--cores N`` pins the process to N cores first
 (0: as it is). ``--cprofile`` also prints the functions with the most own time.
+
+Each image and config runs in a child process that imports only the package measured:
+this checkout, and with ``--before DIR`` also the package in DIR (e.g. ``git archive
+<commit> vlm_gateway | tar -x -C DIR``; it must have ``stages/images/spans.py``), the two
+alternating child by child.
 """
 
 from __future__ import annotations
@@ -28,12 +33,13 @@ import json
 import os
 import pstats
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "gpu")]
 
 IMAGES = ["jpeg1080", "png1080", "png1800", "jpeg12mp"]
 # the shipped h200 profile's image caps (backends/profiles.yaml), read at run time
@@ -108,47 +114,74 @@ ORDER = ["body read", "JSON parse", "base64 decode", "hash", "header probe", "op
          "estimate", "resize", "encode", "base64", "JSON re-encode"]
 
 
+def child(body_path: str, config: str, reps: int, cprofile: bool) -> dict:
+    body = Path(body_path).read_bytes()
+    caps = profile_caps(PROFILE) if config != "default" else None
+    one(body, caps)
+    runs = [one(body, caps) for _ in range(reps)]
+    names = [k for k in ORDER if any(k in s for s, _ in runs)]
+    row = {"body_bytes": len(body), "sent": runs[0][1], "steps": {}}
+    totals = sorted(sum(s.values()) * 1000 for s, _ in runs)
+    for k in names:
+        xs = sorted(s.get(k, 0.0) * 1000 for s, _ in runs)
+        row["steps"][k] = {"median": round(statistics.median(xs), 3),
+                           "p99": round(xs[min(len(xs) - 1, int(0.99 * len(xs)))], 3)}
+    row["total"] = {"median": round(statistics.median(totals), 2), "p99": round(totals[-1], 2)}
+    if cprofile:
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(reps):
+            one(body, caps)
+        pr.disable()
+        out = io.StringIO()
+        pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(10)
+        row["cprofile"] = out.getvalue().split("\n\n", 2)[-1][:2200]
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--images", default=",".join(IMAGES))
+    ap.add_argument("--before", default="")
     ap.add_argument("--cores", type=int, default=0)
     ap.add_argument("--cprofile", action="store_true")
     ap.add_argument("--out", default="")
+    ap.add_argument("--child", nargs=2, metavar=("BODY", "CONFIG"))
     a = ap.parse_args()
     if a.cores:
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:a.cores]))
+    if a.child:
+        print(json.dumps(child(a.child[0], a.child[1], a.reps, a.cprofile)))
+        return
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "gpu")]
     import loadgen
-    caps = profile_caps(PROFILE)
-    res: dict = {"reps": a.reps, "cores": len(os.sched_getaffinity(0)), "profile": {PROFILE: caps},
-                 "clock": "time.perf_counter spans, wall ms", "images": {}}
-    for kind in a.images.split(","):
+    versions = {"after": str(ROOT)} if not a.before else {"before": a.before, "after": str(ROOT)}
+    tmp = Path(tempfile.mkdtemp(prefix="image-profile-"))
+    res: dict = {"reps": a.reps, "cores": len(os.sched_getaffinity(0)), "profile": PROFILE,
+                 "clock": "time.perf_counter spans, wall ms, one process per version", "versions": versions,
+                 "images": {}}
+    for i, kind in enumerate(a.images.split(",")):
         img = loadgen.base_image(kind)
-        body = request_body(img)
-        for config, c in (("default", None), (PROFILE, caps)):
-            one(body, c)
-            runs = [one(body, c) for _ in range(a.reps)]
-            sent = runs[0][1]
-            names = [k for k in ORDER if any(k in s for s, _ in runs)]
-            row = {"bytes_in": len(img), "body_bytes": len(body), "sent": sent, "steps": {}}
-            totals = sorted(sum(s.values()) * 1000 for s, _ in runs)
-            for k in names:
-                xs = sorted(s.get(k, 0.0) * 1000 for s, _ in runs)
-                row["steps"][k] = {"median": round(statistics.median(xs), 3),
-                                   "p99": round(xs[min(len(xs) - 1, int(0.99 * len(xs)))], 3)}
-            row["total"] = {"median": round(statistics.median(totals), 2), "p99": round(totals[-1], 2)}
-            res["images"][f"{kind}/{config}"] = row
-            print(f"{kind:9s} {config:8s} -> {sent:34s} total {row['total']['median']:6.1f} ms  " +
-                  "  ".join(f"{k} {v['median']:.2f}" for k, v in row["steps"].items()), flush=True)
-            if a.cprofile:
-                pr = cProfile.Profile()
-                pr.enable()
-                for _ in range(a.reps):
-                    one(body, c)
-                pr.disable()
-                s = io.StringIO()
-                pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(10)
-                print(s.getvalue().split("\n\n", 2)[-1][:2200])
+        path = tmp / f"{kind}.json"
+        path.write_bytes(request_body(img))
+        for config in ("default", PROFILE):
+            key = f"{kind}/{config}"
+            res["images"][key] = {"bytes_in": len(img)}
+            for label in (list(versions) if i % 2 == 0 else list(versions)[::-1]):
+                cmd = [sys.executable, __file__, "--reps", str(a.reps), "--child", str(path), config]
+                if a.cprofile:
+                    cmd.append("--cprofile")
+                p = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": versions[label]}, capture_output=True,
+                                   text=True)
+                if p.returncode:
+                    raise SystemExit(p.stderr)
+                row = json.loads(p.stdout)
+                res["images"][key][label] = row
+                print(f"{kind:9s} {config:8s} {label:6s} -> {row['sent']:34s} total {row['total']['median']:6.1f} ms  " +
+                      "  ".join(f"{k} {v['median']:.2f}" for k, v in row["steps"].items()), flush=True)
+                if a.cprofile:
+                    print(row["cprofile"])
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
 
