@@ -16,8 +16,8 @@ decode threads (what ``video.decode_threads: 0`` grants one video on idle cores)
 settings alternating run by run.
 
 ``--outputs``: the rewrite's output frames of each clip encoded again by each candidate
-(H.264 as today, with x264's ``fastdecode`` tune, ``ultrafast``, all-intra, the baseline
-profile; MJPEG), then read as vLLM 0.24's OpenCV loader reads a video (``VideoCapture`` on
+(H.264 veryfast as before, with x264's ``fastdecode`` tune, ``ultrafast`` as sent now,
+all-intra, the baseline profile; MJPEG), then read as vLLM 0.24's OpenCV loader reads a video (``VideoCapture`` on
 the bytes, ``grab`` + ``retrieve`` of every frame, BGR -> RGB), with OpenCV's default codec
 threads (what the engine gets) and with one (its CPU): the gateway's encode time, the
 engine's decode wall and CPU time, bytes, PSNR against the frames encoded, and whether
@@ -150,9 +150,9 @@ def encode_variant(frames, rate, codec: str, options: dict, fmt: str = "mp4", pi
 
 X264 = {"crf": "20", "preset": "veryfast", "threads": "1", "x264-params": "keyint=600:min-keyint=1"}
 VARIANTS = {
-    "h264_veryfast (today)": ("libx264", X264),
+    "h264_veryfast (before)": ("libx264", X264),
     "h264_veryfast_fastdecode": ("libx264", {**X264, "tune": "fastdecode"}),
-    "h264_ultrafast": ("libx264", {**X264, "preset": "ultrafast"}),
+    "h264_ultrafast (sent now)": ("libx264", {**X264, "preset": "ultrafast"}),
     "h264_veryfast_intra": ("libx264", {**X264, "x264-params": "keyint=1"}),
     "h264_veryfast_baseline": ("libx264", {**X264, "profile": "baseline"}),
     "mjpeg_q3": ("mjpeg", {"qmin": "3", "qmax": "3"}),
