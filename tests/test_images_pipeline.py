@@ -435,3 +435,22 @@ def test_the_bytes_do_not_depend_on_the_threads_a_job_was_granted(src, policy):
     finally:
         spare.set_granted(1)
     assert len(outs) == 1
+
+
+def test_the_estimates_bands_do_not_wait_for_busy_helpers():
+    """A band no helper has started is made by the job's own thread: with every helper busy
+    the estimate still completes at once, with the same answer."""
+    import threading
+
+    from vlm_gateway.stages.images import spare
+    from vlm_gateway.stages.images.legibility import estimate
+    from vlm_gateway.stages.images.rewrite import estimate_in_bands
+    im = C.desktop_screenshot(2880, 1800)
+    gate = threading.Event()
+    pool = spare.helpers(4)
+    blockers = [pool.submit(gate.wait, 30) for _ in range(pool._max_workers)]
+    try:
+        assert estimate_in_bands(im, 1.0, None, 4) == estimate(im, 1.0)
+    finally:
+        gate.set()
+    assert all(b.result() for b in blockers)

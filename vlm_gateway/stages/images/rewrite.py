@@ -87,15 +87,20 @@ BAND_PIXELS = 1_000_000
 def estimate_in_bands(im, scale: float, box: tuple[int, int, int, int] | None, n: int):
     """``legibility.estimate(im, scale, box)``, its strips (grayscale column samples) made in
     ``n`` row bands at once, one by this thread and the rest by helpers: the same array, so
-    the same estimate (strips are column ranges; rows split freely)."""
+    the same estimate (strips are column ranges; rows split freely). A band no helper has
+    started when this thread gets to it is taken back and made here: never slower than one
+    thread by more than a handoff, whatever the other cores are doing by then."""
     x0, y0, x1, y1 = box or (0, 0, *im.size)
     n = min(n, (x1 - x0) * (y1 - y0) // BAND_PIXELS)
     if n <= 1:
         return estimate(im, scale, box)
     cuts = [y0 + (y1 - y0) * i // n for i in range(n + 1)]
-    futs = [spare.helpers(n).submit(strips, im, (x0, cuts[i], x1, cuts[i + 1])) for i in range(1, n)]
-    first = strips(im, (x0, cuts[0], x1, cuts[1]))
-    return estimate(np.concatenate([first] + [f.result() for f in futs], axis=0), scale)
+    bands = [(x0, cuts[i], x1, cuts[i + 1]) for i in range(n)]
+    futs = [spare.helpers(n).submit(strips, im, b) for b in bands[1:]]
+    parts = [strips(im, bands[0])]
+    for f, b in zip(futs, bands[1:]):
+        parts.append(strips(im, b) if f.cancel() else f.result())
+    return estimate(np.concatenate(parts, axis=0), scale)
 
 
 def decide(policy: Policy, d: Decoded, content_long: int, box: tuple[int, int, int, int] | None = None,
