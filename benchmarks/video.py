@@ -19,9 +19,10 @@ settings alternating run by run.
 (H.264 veryfast as before, with x264's ``fastdecode`` tune, ``ultrafast`` as sent now,
 all-intra, the baseline profile; MJPEG), then read as vLLM 0.24's OpenCV loader reads a video (``VideoCapture`` on
 the bytes, ``grab`` + ``retrieve`` of every frame, BGR -> RGB), with OpenCV's default codec
-threads (what the engine gets) and with one (its CPU): the gateway's encode time, the
-engine's decode wall and CPU time, bytes, PSNR against the frames encoded, and whether
-OpenCV still reports the frame count and rate the token rule needs.
+threads (what the engine gets) and with one (its CPU), and decoded by PyAV (vLLM's other
+video backend) at one thread: the gateway's encode time, the engine's decode wall and CPU
+time, bytes, PSNR against the frames encoded, and whether OpenCV still reports the frame
+count and rate the token rule needs.
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ def outputs_run(clip_set: dict, reps: int) -> dict:
         for vname, (codec, opts) in VARIANTS.items():
             pix = "yuvj420p" if codec == "mjpeg" else "yuv420p"
             fmt = "avi" if codec == "mjpeg" else "mp4"
-            enc_s, enc_cpu, wall, cpu1 = [], [], [], []
+            enc_s, enc_cpu, wall, cpu1, pyav1 = [], [], [], [], []
             for _ in range(reps):
                 t, c = time.perf_counter(), time.thread_time()
                 b = encode_variant(frames, rate, codec, opts, fmt, pix)
@@ -196,12 +197,16 @@ def outputs_run(clip_set: dict, reps: int) -> dict:
                 t = time.thread_time()
                 opencv_read(b, 1)
                 cpu1.append(time.thread_time() - t)
+                t = time.thread_time()
+                pyav_decode(b)
+                pyav1.append(time.thread_time() - t)
             mse = float(np.mean((np.stack(got).astype(np.float64) - ref) ** 2)) if len(got) == len(frames) else None
             row["variants"][vname] = {
                 "bytes": len(b), "gateway_encode_s": round(statistics.median(enc_s), 4),
                 "gateway_encode_cpu_s": round(statistics.median(enc_cpu), 4),
                 "engine_read_wall_s": round(statistics.median(wall), 4),
                 "engine_read_cpu_s_1thread": round(statistics.median(cpu1), 4),
+                "pyav_read_cpu_s_1thread": round(statistics.median(pyav1), 4),
                 "psnr_db": round(10 * np.log10(255 ** 2 / mse), 2) if mse else None,
                 "opencv_frames": n, "opencv_fps": round(fps, 4), "frames_read": len(got),
                 "count_and_rate_exact": n == len(frames) == len(got) and abs(fps - float(rate)) < 1e-6}

@@ -36,9 +36,9 @@ class VideoSettings:
     grid_factor: int = 32
     # encoding
     crf: int = 20
-    # x264 ultrafast (CAVLC, no B-frames, no deblocking): against veryfast, 2.2-2.6x less CPU
-    # to encode and 2.1-2.9x less for the engine's OpenCV loader to decode, PSNR 0.3-1.4 dB
-    # higher at the same CRF, 1.7x the bytes (docs/benchmarks/video.md)
+    # x264 ultrafast (CAVLC, no B-frames, no deblocking): against veryfast, 1.7-2.8x less CPU
+    # to encode and 1.9-3.0x less for the engine's loader (OpenCV or PyAV) to decode, PSNR
+    # 0.3-1.4 dB higher at the same CRF, 1.7x the bytes (docs/benchmarks/video.md)
     preset: str = "ultrafast"
     # limits (refusals)
     max_bytes: int = 64 * 1024 * 1024
