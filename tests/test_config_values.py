@@ -91,6 +91,7 @@ BAD: dict[str, typing.Any] = {
     "images.pool_workers": -1,
     "images.max_queue": -1,
     "images.max_queue_wait_ms": -1,
+    "images.max_threads_per_image": 0,
     "images.models": {"qwen": {"max_long_sidee": 512}},
     "images.budget": "smart",
     "images.text_max_long_side": 16,  # below grid_factor (32)
@@ -165,7 +166,7 @@ BAD: dict[str, typing.Any] = {
     "video.max_decoded_pixels": 0,
     "video.max_decode_s": 0,
     "video.pool_workers": -1,
-    "video.decode_threads": 0,
+    "video.decode_threads": -1,
     "video.max_queue": -1,
     "video.l1_max_bytes": -1,
     "video.l1_redis_ttl_s": -1,

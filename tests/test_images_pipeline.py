@@ -57,12 +57,62 @@ def test_the_trims_reduction_is_the_resizes_when_their_factor_is_the_same(monkey
     src = C.photo_jpeg(1920, 1080)
     calls = []
     real = Image.Image.reduce
-    monkeypatch.setattr(Image.Image, "reduce", lambda im, *a, **k: calls.append(im.size) or real(im, *a, **k))
+
+    def whole(im, factor, box=None, **k):  # reductions of the whole image (not of its corner blocks)
+        if box is None:
+            calls.append(im.size)
+        return real(im, factor, box, **k)
+    monkeypatch.setattr(Image.Image, "reduce", whole)
     r = rewrite_bytes(src)
     assert (r.width, r.height) == (768, 448) and calls == [(1920, 1080)]
     monkeypatch.setattr(Image.Image, "reduce", real)
     full = np.asarray(Image.open(io.BytesIO(src)).convert("RGB"))
     assert psnr(np.asarray(out_image(r).convert("RGB")), lanczos_reference(full, r.width, r.height)) >= 31.0
+
+
+def test_no_border_to_find_costs_no_reduction(monkeypatch):
+    """A screenshot whose corners differ (menu bar, sidebar) has no uniform border: the border
+    search reads four corner blocks, and nothing is reduced that the resize does not need."""
+    calls = []
+    real = Image.Image.reduce
+
+    def whole(im, factor, box=None, **k):
+        if box is None:
+            calls.append(im.size)
+        return real(im, factor, box, **k)
+    monkeypatch.setattr(Image.Image, "reduce", whole)
+    r = rewrite_bytes(C.desktop_screenshot_png(1920, 1080))  # its text needs every pixel: sent as it is
+    assert r.passthrough and not r.trimmed and calls == []
+    r = rewrite_bytes(C.desktop_screenshot_png(1920, 1080), Policy(budget="fixed"))  # 768: one reduction, the resize's
+    assert (r.width, r.height) == (768, 448) and not r.trimmed and calls == [(1920, 1080)]
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBX", "L"])
+def test_the_corner_check_is_the_reduced_images_own(mode):
+    """``uniform_corners(im, k)`` says what ``content_box(im.reduce(k))`` finds at its corners,
+    for every size (partial edge blocks) and factor, bordered or not."""
+    from vlm_gateway.stages.images.trim import content_box, uniform_corners
+    rng = np.random.default_rng(7)
+    for i in range(120):
+        w, h = int(rng.integers(6, 400)), int(rng.integers(6, 400))
+        a = np.full((h, w, 3), 240, np.uint8)
+        if i % 3:  # content inside a border, sometimes touching a corner block
+            y0, x0 = int(rng.integers(0, h // 2)), int(rng.integers(0, w // 2))
+            a[y0:y0 + int(rng.integers(1, h - y0 + 1)), x0:x0 + int(rng.integers(1, w - x0 + 1))] = \
+                rng.integers(0, 256, 3, dtype=np.uint8)
+        a = np.clip(a.astype(int) + rng.integers(-6, 7, a.shape), 0, 255).astype(np.uint8)
+        im = Image.fromarray(a).convert(mode) if mode != "L" else Image.fromarray(a[..., 0])
+        for k in (1, 2, 3, 5):
+            if k > min(w, h) // 3:
+                continue
+            small = im.reduce(k) if k >= 2 else im
+            small = small.convert("RGB") if small.mode != "RGB" else small
+            if not uniform_corners(im, k, 8):
+                assert content_box(small, 8, 2) is None
+            else:
+                c = [small.getpixel(p) for p in ((0, 0), (small.width - 1, 0), (0, small.height - 1),
+                                                  (small.width - 1, small.height - 1))]
+                assert all(max(abs(x - y) for x, y in zip(p, c[0])) <= 8 for p in c)
 
 
 def test_small_image_passes_through_untouched():
@@ -139,15 +189,21 @@ def test_cmyk_converted_to_rgb():
     assert np.abs(px - (200, 60, 30)).max() < 12
 
 
-def test_flat_chart_goes_out_lossless():
+def test_flat_chart_goes_out_as_the_same_jpeg_as_everything_else():
+    """Flat content used to go out as PNG (Pillow zlib level 1: 5-15x the JPEG's encode and
+    2-4x its decode in the engine, at no OCR gain: docs/benchmarks/images.md); now JPEG 4:2:0."""
     im = Image.new("RGB", (1600, 1000), (255, 255, 255))
     from PIL import ImageDraw
     d = ImageDraw.Draw(im)
     for i, c in enumerate([(200, 40, 40), (40, 160, 40), (40, 40, 200), (230, 180, 0)]):
         d.rectangle([100 + i * 350, 900 - 180 * (i + 1), 350 + i * 350, 900], fill=c)
     d.rectangle([0, 0, 1599, 999], outline=(0, 0, 0), width=4)
-    r = rewrite_bytes(C.save(im, "PNG"))
-    assert r.mime == "image/png" and r.url.startswith("data:image/png;base64,")
+    r = rewrite_bytes(C.save(im, "PNG"), Policy(trim_borders=False))
+    assert r.mime == "image/jpeg" and r.url.startswith("data:image/jpeg;base64,")
+    out = Image.open(io.BytesIO(r.data))
+    assert out.format == "JPEG" and [c[1:3] for c in out.layer] == [(2, 2), (1, 1), (1, 1)]  # 4:2:0
+    ref = np.asarray(im.resize((r.width, r.height), Image.Resampling.BICUBIC)).astype(float)
+    assert psnr(np.asarray(out.convert("RGB")), ref) >= 30.0
 
 
 def test_palette_transparency_composited_on_white():
@@ -343,3 +399,58 @@ def test_corrupted_png_chunk_caught_by_its_crc():
     with pytest.raises(ImageError) as e:
         rewrite_bytes(bytes(data))
     assert e.value.code == "image_corrupt" and "CRC" in str(e.value)
+
+
+def test_what_is_sent_carries_no_metadata_of_the_source():
+    """No ICC profile (LittleCMS's sRGB profile of a converted image holds its creation time:
+    the same source gave other bytes in another process), no JPEG comment, no EXIF."""
+    p3 = rewrite_bytes(C.p3_tagged("png"))
+    assert not p3.passthrough and "icc_profile" not in Image.open(io.BytesIO(p3.data)).info
+    src = C.save(Image.fromarray(C.photo_array(1600, 1200)), "JPEG", quality=90, comment=b"client note",
+                 exif=Image.Exif().tobytes())
+    r = rewrite_bytes(src)
+    out = Image.open(io.BytesIO(r.data))
+    assert not r.passthrough and "comment" not in out.info and "exif" not in out.info
+    rot = rewrite_bytes(C.exif_rotated_jpeg())
+    assert not set(Image.open(io.BytesIO(rot.data)).info) & {"icc_profile", "comment", "exif"}
+
+
+@pytest.mark.parametrize("src,policy", [
+    (C.desktop_screenshot_png(1920, 1080), Policy().capped(1280)),   # libvips resize from the full decode
+    (C.photo_jpeg(1920, 1080), Policy(max_long_side=1568, budget="client")),  # Pillow decode, read in place
+    (C.screenshot_png(), Policy()),                                   # trimmed
+    (C.desktop_screenshot_png(2880, 1800), Policy()),                 # estimate in bands of a big image
+])
+def test_the_bytes_do_not_depend_on_the_threads_a_job_was_granted(src, policy):
+    """More threads per image (spare cores) split the work, never the result: the L2 prefix
+    caches need the same bytes for the same source, however busy the machine was."""
+    from vlm_gateway.stages.images import spare
+    outs = set()
+    try:
+        for n in (1, 2, 4, 3):
+            spare.set_granted(n)
+            r = rewrite_bytes(src, policy)
+            assert not r.passthrough
+            outs.add((r.data, r.width, r.height, r.budget))
+    finally:
+        spare.set_granted(1)
+    assert len(outs) == 1
+
+
+def test_the_estimates_bands_do_not_wait_for_busy_helpers():
+    """A band no helper has started is made by the job's own thread: with every helper busy
+    the estimate still completes at once, with the same answer."""
+    import threading
+
+    from vlm_gateway.stages.images import spare
+    from vlm_gateway.stages.images.legibility import estimate
+    from vlm_gateway.stages.images.rewrite import estimate_in_bands
+    im = C.desktop_screenshot(2880, 1800)
+    gate = threading.Event()
+    pool = spare.helpers(4)
+    blockers = [pool.submit(gate.wait, 30) for _ in range(pool._max_workers)]
+    try:
+        assert estimate_in_bands(im, 1.0, None, 4) == estimate(im, 1.0)
+    finally:
+        gate.set()
+    assert all(b.result() for b in blockers)

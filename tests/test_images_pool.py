@@ -86,3 +86,67 @@ def test_the_cores_are_shared_among_the_worker_processes():
     src = MediaSources(ImagesConfig(pool_workers=3), lim, MediaBudget(lim), 64)   # set by hand: as set
     assert src.pool.workers == 3
     src.pool.close()
+
+
+def _stat(path, cpus: dict[int, tuple[int, int]]) -> None:
+    """A /proc/stat with per-CPU (busy, idle) jiffies."""
+    lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+    for i, (busy, idle) in sorted(cpus.items()):
+        lines.append(f"cpu{i} {busy} 0 0 {idle} 0 0 0 0 0 0")
+    path.write_text("\n".join(lines) + "\nintr 0\n")
+
+
+def test_idle_cores_are_read_over_a_window_of_proc_stat(tmp_path, monkeypatch):
+    from vlm_gateway.stages.images import spare
+    monkeypatch.setattr(spare, "_affinity", lambda: {0, 1, 2, 3})
+    stat, now = tmp_path / "stat", [0.0]
+    _stat(stat, {i: (100, 100) for i in range(6)})              # cpu4, cpu5: not this process's
+    idle = spare.IdleCores(str(stat), clock=lambda: now[0])
+    assert idle.now() == 0.0                                      # no window yet
+    _stat(stat, {0: (200, 100), 1: (150, 150), 2: (100, 200), 3: (100, 200), 4: (100, 900), 5: (100, 900)})
+    assert idle.now() == 0.0                                      # within WINDOW_S: the last reading
+    now[0] = 1.0
+    assert idle.now() == pytest.approx(4 * 250 / 400)             # 2.5 of the 4 cores were idle
+    _stat(stat, {0: (200, 100), 1: (150, 150), 2: (100, 200), 3: (100, 201), 4: (0, 0), 5: (0, 0)})
+    now[0] = 2.0
+    assert idle.now() == pytest.approx(2.5)                       # one jiffy in all: too short, kept
+    spare.set_granted(1)
+
+
+def test_a_job_gets_threads_only_from_idle_cores_and_none_while_jobs_queue():
+    from vlm_gateway.stages.images.spare import Spare
+
+    class Idle:
+        def __init__(self, v):
+            self.v = v
+
+        def now(self):
+            return self.v
+    s = Spare(4, Idle(15.0))
+    assert s.grant(jobs=1, waiting=0) == 4                        # alone on an idle machine: the limit
+    assert s.grant(jobs=5, waiting=0) == 3                        # 15 idle cores over 5 jobs
+    assert s.grant(jobs=2, waiting=1) == 1                        # a job waits: the pool is busy
+    assert Spare(4, Idle(0.7)).grant(1, 0) == 1                   # the machine is busy
+    assert Spare(1, Idle(15.0)).grant(1, 0) == 1                  # images.max_threads_per_image: 1
+
+
+async def test_the_pool_tells_each_job_its_grant_and_one_when_jobs_wait():
+    from vlm_gateway.stages.images.spare import Spare, granted
+
+    class Idle:
+        def now(self):
+            return 8.0
+    pool = BoundedPool(workers=1, max_queue=8, spare=Spare(4, Idle()))
+    assert await pool.run(granted) == 4                           # alone: the limit
+    gate = threading.Event()
+    first = asyncio.ensure_future(pool.run(lambda: (gate.wait(5), granted())[1]))
+    await until(lambda: not pool.waiting and pool.jobs == 1, "the first job runs")
+    second = asyncio.ensure_future(pool.run(granted))
+    third = asyncio.ensure_future(pool.run(granted))
+    await until(lambda: len(pool.waiting) == 2, "two jobs wait")
+    gate.set()
+    assert await first == 4
+    assert await second == 1                                      # started while the third still waited
+    assert await third in (1, 4)                                  # last: the queue may have emptied
+    assert granted() == 1                                         # outside a job
+    pool.close()

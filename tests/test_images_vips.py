@@ -109,3 +109,31 @@ def test_well_formed_chunks_bad_pixels_refused_alike(idat, pillow_only):
             rewrite_bytes(data)
         codes.append(e.value.code)
     assert codes == ["image_corrupt", "image_corrupt"]
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_pillow_images_are_read_in_place_and_resize_as_the_copy_path(mode, monkeypatch):
+    """An RGB (or L) Pillow image is handed to libvips through its own memory (Pillow's Arrow
+    export: RGB as four bytes a pixel) and comes back RGBX (L as L), the same pixels as the
+    copy path (``tobytes``), and the padding band stays 255 (the flat-colour count reads it)."""
+    rng = np.random.default_rng(3)
+    im = Image.fromarray(rng.integers(0, 256, (301, 517, 3), dtype=np.uint8)).convert(mode)
+    assert vips._view(im) is not None
+    for target, box in (((200, 117), None), ((333, 190), (5, 9, 500, 290))):
+        ours = vips.resize(im, target, "bicubic", box)
+        assert ours.mode == ("RGBX" if mode == "RGB" else "L")
+        with monkeypatch.context() as m:
+            m.setattr(vips, "_view", lambda im: None)
+            ref = vips.resize(im, target, "bicubic", box)
+        assert ref.mode == mode
+        assert np.array_equal(np.asarray(vips.rgb(ours)), np.asarray(vips.rgb(ref)))
+        if mode == "RGB":
+            pad = np.frombuffer(ours.tobytes("raw", "RGBX"), np.uint8)[3::4]
+            assert (pad == 255).all()
+
+
+def test_an_image_larger_than_one_pillow_block_is_copied_not_read_in_place():
+    im = Image.new("RGB", (4032, 3024), (10, 20, 30))  # 48 MB: Pillow's rows are not one block
+    assert vips._view(im) is None
+    out = vips.rgb(vips.resize(im, (768, 576), "bicubic"))
+    assert out.getextrema() == ((10, 10), (20, 20), (30, 30))

@@ -120,6 +120,23 @@ def test_output_is_deterministic(screen):
     assert a.data == b.data and a.digest == b.digest
 
 
+def test_decode_threads_change_no_byte_and_the_auto_setting_takes_the_pools_grant(screen, monkeypatch):
+    """FFmpeg's frame threads give the same frames: the output is the same with 1, 3 or the
+    grant of a pool job (``decode_threads: 0``, images/spare.py), and the grant is used."""
+    from vlm_gateway.stages.images import spare
+    from vlm_gateway.stages.video import decode
+    used = []
+    real = decode.frames
+    monkeypatch.setattr(decode, "frames", lambda *a, **k: used.append(k["threads"]) or real(*a, **k))
+    outs = {rewrite_video(screen[0], VideoSettings(max_long_side=640, decode_threads=n)).data for n in (1, 3)}
+    spare.set_granted(2)
+    try:
+        outs.add(rewrite_video(screen[0], VideoSettings(max_long_side=640, decode_threads=0)).data)
+    finally:
+        spare.set_granted(1)
+    assert len(outs) == 1 and used == [1, 3, 2]
+
+
 def test_long_video_halves_the_rate_within_max_frames(motion):
     r = rewrite_video(motion, VideoSettings(max_long_side=128, max_frames=4, dedupe=False))
     assert r.sample_rate == 1 and r.samples == 4 and r.frames == 4

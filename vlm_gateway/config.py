@@ -249,6 +249,10 @@ class ImagesConfig:
     # processes (at least 1). Jobs waiting beyond max_queue get 503.
     pool_workers: int = 0
     max_queue: int = 64
+    # Most threads one image may use while cores sit idle (libvips' resize, the legibility
+    # estimate's strips; the same bytes either way): the idle cores of the machine over the
+    # images in flight, 1 as soon as an image waits for a pool thread. 1 = always one.
+    max_threads_per_image: int = 4
     # While the oldest image job still waiting for a pool thread has waited this long (ms), new
     # images get 503 with Retry-After: under more images than the CPU can rewrite, the queue
     # stays this short instead of every request waiting its whole length. 0 = off.
@@ -310,9 +314,10 @@ class VideoConfig:
     # Decode threads per worker process (PyAV releases the GIL while FFmpeg works): 0 = half the
     # cores shared among the server.workers processes, at least 1.
     pool_workers: int = 0
-    # FFmpeg codec threads per decode: 1 keeps one video to one core (the pool runs several);
-    # more cut one video's rewrite time (time to first token) on a machine with idle cores.
-    decode_threads: int = 1
+    # FFmpeg codec threads per decode: 0 = the idle cores of the machine over the videos in
+    # flight, up to 8 (one video alone on an idle machine gets them; 1 as soon as a video waits
+    # for a pool thread); N = always N (1 keeps one video to one core).
+    decode_threads: int = 0
     # Rewrites allowed to wait for a decode thread; beyond that 503 with Retry-After. (Their
     # source bytes are held under limits.max_media_bytes_in_flight meanwhile.)
     max_queue: int = 16

@@ -1,13 +1,18 @@
 """Deterministic re-encode: the same pixels and settings always give the same
-bytes (no timestamps, no EXIF, fixed encoder options), so the engines' prefix
+bytes (no timestamps, no metadata, fixed encoder options), so the engines' prefix
 and multimodal caches hit on a repeated image.
 
-Photographic content goes out as JPEG q90. Flat-colour content (at most
-FLAT_MAX_COLOURS distinct colours after the resize: charts, diagrams, UI flats)
-is also tried as PNG and sent lossless when that is at most PNG_SIZE_SLACK x the
-JPEG. Measured on a 1920x1080 text screenshot (~2300 colours after the resize):
-PNG was 1.9x the JPEG and slower to encode, lossless WebP 1.2x but 20-60x slower,
-and the JPEG kept 39.7 dB, so text-heavy screenshots go out as JPEG.
+Every rewritten or converted image goes out as JPEG q90 (``images.jpeg_quality``)
+with 4:2:0 chroma: per image class (light and dark screenshots, documents and
+spreadsheets, charts, photos) it is what costs least to make here and to read in the
+engine (vLLM decodes what it receives with Pillow, in its one API-server process), at
+no OCR loss against the same pixels sent lossless (benchmarks/image_encodings.py,
+docs/benchmarks/images.md). Measured against the other candidates on the same pixels:
+JPEG 4:4:4 q90/q95 cost 1.3-2x on both sides; PNG (Pillow's zlib level 1, which flat
+content used to get) 5-15x to encode and 2-4x to decode; libvips' PNG without filters
+2-3x to encode, 1.5-2.5x the bytes; WebP, lossless or lossy, 5-20x to encode and 2-4x to
+decode. The OCR readers' results moved less between JPEG and lossless than between
+their own runs on neighbouring sizes.
 """
 
 from __future__ import annotations
@@ -17,41 +22,26 @@ import io
 import pybase64
 from PIL import Image
 
-# few distinct colours after the resize = flat-colour content (UI, charts, text)
-FLAT_MAX_COLOURS = 1024
-# keep the lossless PNG when it is at most this much larger than the JPEG
-PNG_SIZE_SLACK = 1.5
+# what the encoder writes; part of the L1 key, so a change of encoder is a miss, never old bytes
+ENCODER = "jpeg420"
+
+# Nothing of the source's metadata goes out: Pillow would copy a JPEG comment from
+# ``im.info``; a converted image's LittleCMS sRGB profile carries its creation time, so the
+# same source gave other bytes in another process.
+_NO_META = {"icc_profile": None, "comment": "", "exif": b""}
 
 
 def encode_jpeg(im: Image.Image, quality: int) -> bytes:
+    """``im``: RGB, L, or RGBX (libjpeg-turbo reads the padding band's layout as it is: the
+    same bytes as the RGB image, without unpacking it first)."""
     buf = io.BytesIO()
-    im.save(buf, "JPEG", quality=quality, optimize=False, progressive=False, subsampling="4:2:0")
+    im.save(buf, "JPEG", quality=quality, optimize=False, progressive=False, subsampling="4:2:0", **_NO_META)
     return buf.getvalue()
-
-
-# zlib level 1: on a 768x448 chart 3.5 ms and 0.23x the JPEG's bytes (level 6: 5 ms, 0.12x);
-# on noisy low-colour content, where the PNG loses to the JPEG anyway, 28 ms instead of 111 ms.
-PNG_COMPRESS_LEVEL = 1
-
-
-def encode_png(im: Image.Image) -> bytes:
-    buf = io.BytesIO()
-    im.save(buf, "PNG", compress_level=PNG_COMPRESS_LEVEL, optimize=False)
-    return buf.getvalue()
-
-
-def is_flat(im: Image.Image) -> bool:
-    return im.getcolors(FLAT_MAX_COLOURS) is not None
 
 
 def encode(im: Image.Image, quality: int) -> tuple[bytes, str]:
-    """(bytes, mime) for an RGB image."""
-    jpeg = encode_jpeg(im, quality)
-    if is_flat(im):
-        png = encode_png(im)
-        if len(png) <= len(jpeg) * PNG_SIZE_SLACK:
-            return png, "image/png"
-    return jpeg, "image/jpeg"
+    """(bytes, mime) for an RGB (or RGBX: ``vips.resize``'s output) image."""
+    return encode_jpeg(im, quality), "image/jpeg"
 
 
 def data_uri(data: bytes, mime: str) -> str:

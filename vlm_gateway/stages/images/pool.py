@@ -17,6 +17,10 @@ of every client waiting ever longer for its first token.
 
     refuse  when  jobs >= workers + max_queue
             or    max_wait_s > 0  and  now - submitted(oldest job not yet started) >= max_wait_s
+
+A job that starts while cores are idle and no other job waits may use more than its own
+thread (``spare.py``: the grant, read by the job with ``spare.granted()``); as soon as
+jobs queue, every job gets one, so the pool's throughput under load is what it was.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Callable, TypeVar
 from ...core import timing
 from ...core.clock import Clock, monotonic
 from ...core.errors import Unavailable
+from .spare import Spare, set_granted
 
 T = TypeVar("T")
 
@@ -45,12 +50,13 @@ def cores() -> int:
 
 class BoundedPool:
     def __init__(self, workers: int = 0, max_queue: int = 64, what: str = "image", max_wait_s: float = 0.0,
-                 clock: Clock = monotonic) -> None:
+                 clock: Clock = monotonic, spare: Spare | None = None) -> None:
         self.workers = workers or os.cpu_count() or 1
         self.max_jobs = self.workers + max(0, max_queue)
         self.max_wait_s = max_wait_s
         self.what = what
         self.clock = clock
+        self.spare = spare
         self.jobs = 0
         # jobs submitted and not started yet: seq -> submit time, oldest first (the executor is FIFO)
         self.waiting: dict[int, float] = {}
@@ -94,7 +100,16 @@ class BoundedPool:
             loop.call_soon_threadsafe(self.waiting.pop, seq, None)
         except RuntimeError:  # the loop is closed (shutdown)
             pass
-        return fn(*args)
+        if self.spare is None:
+            return fn(*args)
+        # read from this thread while the loop's thread updates them: a count off by one
+        # for a moment only changes how many threads this job borrows
+        others = len(self.waiting) - (seq in self.waiting)
+        set_granted(self.spare.grant(self.jobs, others))
+        try:
+            return fn(*args)
+        finally:
+            set_granted(1)
 
     def _release(self, loop: asyncio.AbstractEventLoop, f: Future, seq: int) -> None:
         try:

@@ -19,7 +19,7 @@ uses the remembered identity only on 304; it is cleared by the admin cache flush
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import orjson
 
@@ -31,6 +31,7 @@ from .decode import Header, ImageError
 from .fetch import Fetched, Fetcher, FetchError, FetchPolicy, check_address
 from .inflight import MediaBudget
 from .pool import BoundedPool, cores
+from .spare import Spare
 
 if TYPE_CHECKING:
     from ...config import ImagesConfig, LimitsConfig
@@ -62,6 +63,12 @@ def decode_base64(payload: str) -> bytes:
 
 
 payload_bytes = data_uri.payload_bytes
+T = TypeVar("T")
+
+
+def _decoded_and(url: str, then: Callable[[bytes], T]) -> tuple[bytes, T]:
+    data = decode_data_uri(url)
+    return data, then(data)
 
 
 
@@ -128,7 +135,8 @@ class MediaSources:
         # the machine's cores shared by the worker processes: threads beyond them only slow
         # every job down together, where a queue shows the overload (and its wait is bounded)
         workers = cfg.pool_workers or max(1, cores() // max(1, processes))
-        self.pool = BoundedPool(workers, cfg.max_queue, max_wait_s=cfg.max_queue_wait_ms / 1000)
+        self.pool = BoundedPool(workers, cfg.max_queue, max_wait_s=cfg.max_queue_wait_ms / 1000,
+                                spare=Spare(cfg.max_threads_per_image) if cfg.max_threads_per_image > 1 else None)
         self.memo = UrlMemo(cfg.url_cache_ttl_s)
         self.budget = budget
         # per-part caps: fetched images keep images.max_fetch_bytes; data: images are
@@ -159,6 +167,17 @@ class MediaSources:
         self.budget.hold(req, part, est)
         fn = decode_base64 if b64 else decode_data_uri
         return fn(payload) if len(payload) <= _SMALL else await self.pool.run(fn, payload)
+
+    async def decode_and(self, req: "ChatRequest", part: "MediaPart", url: str,
+                         then: Callable[[bytes], T]) -> tuple[bytes, T]:
+        """``decode`` of a data: URI, and ``then(bytes)`` in the same pool job (one queue
+        wait for a large payload, not two: the image stage hashes and probes there)."""
+        est = payload_bytes(url)
+        self._check_part_cap(part, est)
+        self.budget.hold(req, part, est)
+        if len(url) <= _SMALL:
+            return _decoded_and(url, then)
+        return await self.pool.run(_decoded_and, url, then)
 
     async def hash(self, data: bytes) -> str:
         return content_hash(data) if len(data) <= _SMALL else await self.pool.run(content_hash, data)

@@ -39,7 +39,7 @@ from ...vision_tokens import send_cap
 from ..auth import TENANT
 from ..grounding import plan as grounding
 from .decode import ImageError, probe
-from .encode import data_uri
+from .encode import ENCODER, data_uri
 from .fetch import FetchError, check_address
 from .l1 import L1Cache
 from .policy import BELOW_FLOOR, POLICY_HEADER, Policy, parse_header, resolve
@@ -110,19 +110,21 @@ class ImageRewriter(Stage):
         return {"L1Cache.flush": await self.l1.flush()}
 
     # -- sources -------------------------------------------------------------------
+    def _info(self, data: bytes):
+        return content_hash(data), probe(data, self.cfg.max_source_pixels)
+
     async def _bytes_info(self, data: bytes):
         if len(data) <= _SMALL:
-            return content_hash(data), probe(data, self.cfg.max_source_pixels)
-        return await self.pool.run(lambda: (content_hash(data), probe(data, self.cfg.max_source_pixels)))
+            return self._info(data)
+        return await self.pool.run(self._info, data)
 
     async def source(self, part: "ImagePart", req: "ChatRequest") -> Source:
         srcs = self.sources
         url = part.url
         try:
             mode = srcs.url_mode(part, url)
-            if mode == "data":
-                data = await srcs.decode(req, part, url)
-                h, header = await self._bytes_info(data)
+            if mode == "data":  # decoded, hashed and probed in one pool job
+                data, (h, header) = await srcs.decode_and(req, part, url, self._info)
                 return Source("data", url, h, header, len(data), data)
             if mode == "passthrough":
                 await check_address(url, self.fetcher.policy, part.kind)
@@ -155,7 +157,7 @@ class ImageRewriter(Stage):
         if src.kind == "url_passthrough":
             return Rewritten(None, b"", "", 0, 0, 0, 0, 0, 0, 0), "url_passthrough"
         assert header is not None
-        key = f"{src.hash}|{policy.key}"
+        key = f"{src.hash}|{policy.key}|{ENCODER}"
         verdict = self.verified.get(key) if src.kind == "data" else None
         if verdict is not None:  # verified before: the original string goes
             return replace(verdict, data=src.data or b""), "passthrough"

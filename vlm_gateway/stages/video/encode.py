@@ -5,7 +5,9 @@ both sides even) at ``rate`` frames per second (a Fraction: the MP4 time base is
 ``1 / rate``, frame ``j`` has pts ``j``), libx264 in one thread (x264's output is a
 function of its input and settings), yuv420p, no container timestamps or metadata that
 vary between runs: the same frames and settings give the same bytes, so the engine's
-multimodal cache and the gateway's L1 hit on a repeat.
+multimodal cache and the gateway's L1 hit on a repeat. The preset (``ultrafast``: no
+B-frames, CAVLC, no deblocking) is what costs least to encode here and to decode in the
+engine's loader (docs/benchmarks/video.md).
 
 What OpenCV (FFmpeg backend) then reports, checked in tests with OpenCV itself:
 ``CAP_PROP_FRAME_COUNT`` = len(frames) (the MP4 sample table), ``CAP_PROP_FPS`` = rate,
@@ -22,7 +24,7 @@ import numpy as np
 MIME = "video/mp4"
 
 
-def encode_mp4(frames: list[np.ndarray], rate: Fraction, crf: int = 20, preset: str = "veryfast") -> bytes:
+def encode_mp4(frames: list[np.ndarray], rate: Fraction, crf: int = 20, preset: str = "ultrafast") -> bytes:
     import av
 
     if not frames:

@@ -33,6 +33,7 @@ from fractions import Fraction
 import numpy as np
 
 from ...video_tokens import TimestampCounter, VideoTokens, qwen_timestamp_tokens, video_smart_resize, video_tokens
+from ..images.spare import granted
 from . import decode, dedupe, encode, probe
 from .budget import FrameBudget, frame_budget
 from .errors import VideoError
@@ -121,7 +122,7 @@ def rewrite_video(data: bytes, settings: VideoSettings, budget: FrameBudget | No
         # frames in every sampling interval (x264's longest B run is 3 frames, 100 ms at 30 fps)
         skip = settings.skip_nonref and header.rate and header.rate >= 4 * f
         for t, frame in decode.frames(container, stream, header, settings, started=w0,
-                                      threads=settings.decode_threads, skip_nonref=bool(skip)):
+                                      threads=settings.decode_threads or granted(), skip_nonref=bool(skip)):
             if frame.width != header.width or frame.height != header.height:
                 raise VideoError(f"the video changes frame size mid-stream ({header.width}x{header.height} -> "
                                  f"{frame.width}x{frame.height})", "video_corrupt")

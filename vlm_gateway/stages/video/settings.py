@@ -36,7 +36,10 @@ class VideoSettings:
     grid_factor: int = 32
     # encoding
     crf: int = 20
-    preset: str = "veryfast"
+    # x264 ultrafast (CAVLC, no B-frames, no deblocking): against veryfast, 1.7-2.8x less CPU
+    # to encode and 1.9-3.0x less for the engine's loader (OpenCV or PyAV) to decode, PSNR
+    # 0.3-1.4 dB higher at the same CRF, 1.7x the bytes (docs/benchmarks/video.md)
+    preset: str = "ultrafast"
     # limits (refusals)
     max_bytes: int = 64 * 1024 * 1024
     max_duration_s: float = 600.0
@@ -45,7 +48,7 @@ class VideoSettings:
     max_decoded_pixels: int = 16_000_000_000    # all decoded frames together
     max_decode_s: float = 60.0                  # wall clock for the whole rewrite
     max_buffer_bytes: int = 384 * 1024 * 1024   # sampled frames kept in memory
-    decode_threads: int = 1                     # FFmpeg codec threads per decode (latency vs pool width)
+    decode_threads: int = 1                     # FFmpeg codec threads per decode; 0: the pool's grant (images/spare.py)
     skip_nonref: bool = True                    # skip unreferenced frames when sampling far below the source rate
     # the engine's video processor (token rule; output must stay within its sampling)
     engine: VideoProcessorSpec = field(default=QWEN3_VL)

@@ -51,6 +51,7 @@ from ..images import policy as image_policy
 from ..images.encode import data_uri
 from ..images.forward import Sent, forward
 from ..images.pool import BoundedPool, cores
+from ..images.spare import Spare
 from .budget import frame_budget, legibility_budget
 from .errors import VideoError
 from .l1 import VideoEntry, VideoL1
@@ -66,6 +67,7 @@ log = logging.getLogger("vlm_gateway.video")
 TOKENS_HEADER = "x-vlm-gateway-video-tokens"
 DETAIL_HEADER = "x-vlm-gateway-video-"          # + 1-based index of the video in the request
 POLICY_HEADER = "x-vlm-gateway-video-policy"    # off | default
+AUTO_DECODE_THREADS = 8   # most FFmpeg threads one video gets from idle cores (video.decode_threads: 0)
 
 
 @dataclass(slots=True)
@@ -107,7 +109,9 @@ class VideoRewriter(Hooks):
         self.images = images
         self.max_bytes = max_video_bytes
         workers = cfg.pool_workers or max(1, cores() // 2 // max(1, processes))
-        self.pool = BoundedPool(workers, cfg.max_queue, what="video")
+        # decode_threads 0: one video's FFmpeg threads from the idle cores (images/spare.py)
+        self.pool = BoundedPool(workers, cfg.max_queue, what="video",
+                                spare=Spare(AUTO_DECODE_THREADS) if cfg.decode_threads == 0 else None)
         self.l1 = VideoL1(cfg.l1_max_bytes, redis_url, cfg.l1_redis_ttl_s, redis_prefix=redis_prefix)
         self.count: TimestampCounter = qwen_timestamp_tokens
         self.counter_id = "qwen"
