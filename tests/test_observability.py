@@ -330,7 +330,7 @@ def test_docker_compose_config_is_valid():
     # vllm's flags are those `vlm-gateway launch` derives from the h200 profile.
     model = gpu["vllm"]["command"][0]
     launch = subprocess.run([sys.executable, "-m", "vlm_gateway", "launch", "--profile", "h200", "--model", model,
-                             "--dry-run"], capture_output=True, text=True)
+                             "--host", "0.0.0.0", "--dry-run"], capture_output=True, text=True)
     assert launch.returncode == 0, launch.stderr
     argv = shlex.split(launch.stdout.strip().splitlines()[-1])
     assert argv[:2] == ["vllm", "serve"] and gpu["vllm"]["entrypoint"] == ["vllm", "serve"]
