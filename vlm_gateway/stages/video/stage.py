@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
+from ...core import headers as H
 from ... import metrics, redis_keys
 from ...config import ImagesConfig, VideoConfig
 from ...hashing import content_hash
@@ -63,9 +64,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vlm_gateway.video")
 
-TOKENS_HEADER = "x-vlm-gateway-video-tokens"
-DETAIL_HEADER = "x-vlm-gateway-video-"          # + 1-based index of the video in the request
-POLICY_HEADER = "x-vlm-gateway-video-policy"    # off | default
+TOKENS_HEADER = H.VIDEO_TOKENS.name
+DETAIL_HEADER = H.VIDEO.nth("")          # + 1-based index of the video in the request
+POLICY_HEADER = H.VIDEO_POLICY.name    # off | default
 
 
 @dataclass(slots=True)
