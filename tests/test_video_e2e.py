@@ -142,7 +142,7 @@ def test_repeated_video_hits_l1_and_sends_the_same_bytes(env):
     # the engine's prefix cache hits too: the bytes (and so its content hash) are the same
     assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
     assert _metric(gw, "vlm_gateway_video_frames_total", 'direction="out"') > 0
-    assert _metric(gw, "vlm_gateway_video_tokens_total", 'stage="saved"') >= 0
+    assert _metric(gw, "vlm_gateway_video_tokens_saved_total", "") >= 0
 
 
 def test_response_cache_key_includes_the_video(env):

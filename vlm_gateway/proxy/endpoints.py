@@ -132,6 +132,7 @@ class CompletionEndpoint:
                 await _finish(gw.chain, req)
             ex.status = status
             metrics.REQUESTS.labels(self.route, model, str(status)).inc()
+            metrics.REQUEST_DURATION.labels(self.route, model).observe(time.perf_counter() - tm.first_byte)
             if req is not None:
                 metrics.OVERHEAD.labels(self.route).observe(overhead_s(req))
                 for phase, seconds in tm.phases().items():

@@ -280,7 +280,7 @@ class ImageRewriter(Stage):
         model = req.model
         metrics.VISUAL_TOKENS.labels(model, "before").inc(before)
         metrics.VISUAL_TOKENS.labels(model, "after").inc(after)
-        metrics.VISUAL_TOKENS.labels(model, "saved").inc(max(0, before - after))
+        metrics.VISUAL_TOKENS_SAVED.labels(model).inc(max(0, before - after))
         for part, r, outcome in zip(req.images, results, outcomes):
             metrics.IMAGES.labels(outcome).inc()
             if r.budget is not None:

@@ -281,7 +281,7 @@ class VideoRewriter(Hooks):
         if v.before:
             metrics.VIDEO_FRAMES.labels("in").inc(engine_frames(e, self.spec))
             metrics.VIDEO_TOKENS.labels(req.model, "before").inc(v.before)
-            metrics.VIDEO_TOKENS.labels(req.model, "saved").inc(max(0, v.before - v.after))
+            metrics.VIDEO_TOKENS_SAVED.labels(req.model).inc(max(0, v.before - v.after))
         metrics.VIDEO_TOKENS.labels(req.model, "after").inc(v.after)
 
     def _headers(self, req: "ChatRequest") -> None:
