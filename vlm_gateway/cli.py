@@ -71,8 +71,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"vlm-gateway: config error: {_one_line(str(e))}", file=sys.stderr)
         return 2
-    _setup_logging(cfg.server.log_level, cfg.server.log_format)
     host, port = cfg.server.host, cfg.server.port
+    if args.check:  # the whole configuration checked, nothing started
+        where = ", ".join(b.url for b in cfg.backends) or ("discovery" if cfg.discovery else "the built-in simulator")
+        print(f"vlm-gateway: config OK: would listen on {host}:{port} ({cfg.server.workers} worker"
+              f"{'s' if cfg.server.workers > 1 else ''}) in front of {where}")
+        return 0
+    _setup_logging(cfg.server.log_level, cfg.server.log_format)
     try:
         # bound before anything is started or logged: a port in use is one line, not a traceback
         sock = _bind(host, port, keep=cfg.server.workers == 1)
@@ -240,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker processes, each with its own listening socket (server.workers, default 1)")
     s.add_argument("--log-format", choices=["text", "json"],
                    help="log lines as text or one JSON object per line (server.log_format, default text)")
+    s.add_argument("--check", action="store_true",
+                   help="check the configuration (file, VLM_GATEWAY_* variables, these options) and exit: "
+                        "0 and one line when it is valid, 2 and the key at fault when not; listens on nothing")
     s.set_defaults(func=cmd_serve)
 
     m = sub.add_parser("sim", help="run the vLLM-like simulator (a test instrument)")
