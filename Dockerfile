@@ -1,4 +1,5 @@
-# vlm-gateway image: the gateway (and the simulator, `vlm-gateway sim`) on Python 3.11.
+# vlm-gateway image: the gateway (and the simulator, `vlm-gateway sim`) on Python 3.11, with
+# images and video (PyAV is a core dependency) and backend discovery (dns, kubernetes).
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -14,8 +14,12 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "dashboards" / "vlm-gateway.json"
-DS = {"type": "prometheus", "uid": "prometheus"}
+# The data source is a template variable: the dashboard imports into any Grafana and picks
+# its default Prometheus (or the one chosen at the top), with no uid to match.
+DS = {"type": "prometheus", "uid": "${datasource}"}
 W = "[$__rate_interval]"  # Grafana picks a window of at least 4 scrape intervals
+MODEL = 'model=~"$model"'      # the model and backend variables (All = every value)
+BACKEND = 'backend=~"$backend"'
 
 
 def rate(metric: str, by: str = "", where: str = "") -> str:
@@ -24,8 +28,9 @@ def rate(metric: str, by: str = "", where: str = "") -> str:
     return f"{agg}(rate({sel}{W}))"
 
 
-def quantile(q: float, hist: str, by: str) -> str:
-    return f"histogram_quantile({q}, sum by (le, {by}) (rate({hist}_bucket{W})))"
+def quantile(q: float, hist: str, by: str, where: str = "") -> str:
+    sel = f"{hist}_bucket{{{where}}}" if where else f"{hist}_bucket"
+    return f"histogram_quantile({q}, sum by (le, {by}) (rate({sel}{W})))"
 
 
 def ratio_by(hits: str, total: str, by: str) -> str:
@@ -45,19 +50,19 @@ CACHE_RATIO = ratio_by("vlm_gateway_cache_hits_total", "vlm_gateway_cache_lookup
 
 def ENGINE(metric: str) -> str:
     """An engine load figure the gateway scraped (any engine, any load format)."""
-    return f'max by (backend) (vlm_gateway_engine_metric{{metric="{metric}"}})'
+    return f'max by (backend) (vlm_gateway_engine_metric{{metric="{metric}", {BACKEND}}})'
 
 # (title, unit, [(expr, legend)], description)
 ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
     ("Traffic and errors", [
         ("Requests / s by route and status", "reqps",
-         [(rate("vlm_gateway_requests_total", "route, status"), "{{route}} {{status}}")],
+         [(rate("vlm_gateway_requests_total", "route, status", MODEL), "{{route}} {{status}}")],
          "Completion requests answered by the gateway (499 = client closed the request)."),
         ("Error ratio", "percentunit",
-         [(f'(sum(rate(vlm_gateway_requests_total{{status=~"5.."}}{W})) or vector(0))'
-           f" / sum(rate(vlm_gateway_requests_total{W}))", "5xx"),
-          (f'(sum(rate(vlm_gateway_requests_total{{status=~"4.."}}{W})) or vector(0))'
-           f" / sum(rate(vlm_gateway_requests_total{W}))", "4xx")],
+         [(f'(sum(rate(vlm_gateway_requests_total{{status=~"5..", {MODEL}}}{W})) or vector(0))'
+           f" / sum(rate(vlm_gateway_requests_total{{{MODEL}}}{W}))", "5xx"),
+          (f'(sum(rate(vlm_gateway_requests_total{{status=~"4..", {MODEL}}}{W})) or vector(0))'
+           f" / sum(rate(vlm_gateway_requests_total{{{MODEL}}}{W}))", "4xx")],
          "Share of requests answered with an error status (0 when there were none)."),
         ("Rejections / s by status and reason", "reqps",
          [(rate("vlm_gateway_rejections_total", "status, reason"), "{{status}} {{reason}}")],
@@ -67,8 +72,13 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
          "Attempts moved to another backend after a connect error or a 5xx before the first byte."),
     ]),
     ("Latency", [
+        ("Request duration (client view)", "s",
+         [(quantile(q, "vlm_gateway_request_duration_seconds", "route", MODEL), f"p{int(q * 100)} {{{{route}}}}")
+          for q in (0.5, 0.95, 0.99)],
+         "Whole request as the client sees it, from its first byte to the answer's last (upstream included), "
+         "per route, for the chosen models."),
         ("Upstream time to first token", "s",
-         [(quantile(q, "vlm_gateway_upstream_ttft_seconds", "backend"), f"p{int(q * 100)} {{{{backend}}}}")
+         [(quantile(q, "vlm_gateway_upstream_ttft_seconds", "backend", BACKEND), f"p{int(q * 100)} {{{{backend}}}}")
           for q in (0.5, 0.95, 0.99)],
          "From sending the request upstream to the first byte of the answer, per backend."),
         ("Gateway overhead", "s",
@@ -76,7 +86,7 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
           for q in (0.5, 0.99)],
          "Time spent in the gateway itself (parse, stages, rewrite, relay), upstream time excluded."),
         ("Upstream end-to-end", "s",
-         [(quantile(q, "vlm_gateway_upstream_e2e_seconds", "backend"), f"p{int(q * 100)} {{{{backend}}}}")
+         [(quantile(q, "vlm_gateway_upstream_e2e_seconds", "backend", BACKEND), f"p{int(q * 100)} {{{{backend}}}}")
           for q in (0.5, 0.99)],
          "Whole upstream answer, first byte sent to last byte received."),
         ("Image rewrite time", "s",
@@ -86,14 +96,15 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
     ]),
     ("Tokens and images", [
         ("Tokens / s", "short",
-         [(rate("vlm_gateway_tokens_total", "kind"), "{{kind}}")],
+         [(rate("vlm_gateway_tokens_total", "kind", MODEL), "{{kind}}")],
          "Prompt and completion tokens reported by the upstream engines."),
         ("Visual tokens / s", "short",
-         [(rate("vlm_gateway_visual_tokens_total", "stage"), "{{stage}}")],
+         [(rate("vlm_gateway_visual_tokens_total", "stage", MODEL), "{{stage}}"),
+          (rate("vlm_gateway_visual_tokens_saved_total", "", MODEL), "saved")],
          "Visual tokens the images would cost as sent (before), after the rewrite, and saved."),
         ("Visual tokens saved", "percentunit",
-         [(f'sum(rate(vlm_gateway_visual_tokens_total{{stage="saved"}}{W}))'
-           f' / sum(rate(vlm_gateway_visual_tokens_total{{stage="before"}}{W}))', "saved / before")],
+         [(f"sum(rate(vlm_gateway_visual_tokens_saved_total{{{MODEL}}}{W}))"
+           f' / sum(rate(vlm_gateway_visual_tokens_total{{stage="before", {MODEL}}}{W}))', "saved / before")],
          "Share of visual tokens removed by the image rewrite."),
         ("Image bytes / s", "Bps",
          [(rate("vlm_gateway_image_bytes_total", "direction"), "{{direction}}")],
@@ -121,7 +132,8 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
     ]),
     ("Video", [
         ("Video prompt tokens / s", "short",
-         [(rate("vlm_gateway_video_tokens_total", "stage"), "{{stage}}")],
+         [(rate("vlm_gateway_video_tokens_total", "stage", MODEL), "{{stage}}"),
+          (rate("vlm_gateway_video_tokens_saved_total", "", MODEL), "saved")],
          "Prompt tokens the videos would cost as sent (before), after the rewrite (after: what the "
          "engine counts), and saved."),
         ("Video frames / s", "short",
@@ -152,13 +164,13 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
     ]),
     ("Backends, queue and routing", [
         ("Backend healthy", "short",
-         [("min by (backend) (vlm_gateway_backend_healthy)", "{{backend}}")],
+         [(f"min by (backend) (vlm_gateway_backend_healthy{{{BACKEND}}})", "{{backend}}")],
          "1 = healthy and not ejected; 0 = probe failed or circuit open."),
         ("In flight per backend", "short",
-         [("sum by (backend) (vlm_gateway_backend_inflight)", "{{backend}}")],
+         [(f"sum by (backend) (vlm_gateway_backend_inflight{{{BACKEND}}})", "{{backend}}")],
          "Requests the gateway has outstanding on each backend (all workers)."),
         ("Backend load", "percentunit",
-         [("max by (backend) (vlm_gateway_backend_load)", "{{backend}}")],
+         [(f"max by (backend) (vlm_gateway_backend_load{{{BACKEND}}})", "{{backend}}")],
          "Normalised load used by the router (engine running+waiting and gateway in-flight over capacity)."),
         ("Queue depth", "short",
          [("sum(vlm_gateway_queue_depth)", "waiting for a slot")],
@@ -167,7 +179,7 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
          [(rate("vlm_gateway_routing_decisions_total", "policy, outcome"), "{{policy}} {{outcome}}")],
          "Router outcomes (affinity followed, load-balanced, ...)."),
         ("Circuit state", "short",
-         [("max by (backend, state) (vlm_gateway_backend_circuit_state) > 0", "{{backend}} {{state}}")],
+         [(f"max by (backend, state) (vlm_gateway_backend_circuit_state{{{BACKEND}}}) > 0", "{{backend}} {{state}}")],
          "Current circuit-breaker state per backend (closed, open, down)."),
     ]),
     ("Engines (load as the gateway scrapes it)", [
@@ -184,8 +196,9 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
          [(ENGINE("kv_usage"), "{{backend}}")],
          "Fraction of the engine's KV-cache blocks in use (TensorRT-LLM: usedNumBlocks / maxNumBlocks)."),
         ("Engine prefix-cache hit rate", "percentunit",
-         [(f'max by (backend) (delta(vlm_gateway_engine_metric{{metric="prefix_hits"}}{W}))'
-           f' / max by (backend) (delta(vlm_gateway_engine_metric{{metric="prefix_queries"}}{W}))', "{{backend}}")],
+         [(f'max by (backend) (delta(vlm_gateway_engine_metric{{metric="prefix_hits", {BACKEND}}}{W}))'
+           f' / max by (backend) (delta(vlm_gateway_engine_metric{{metric="prefix_queries", {BACKEND}}}{W}))',
+           "{{backend}}")],
          "Prompt tokens served from the engine's prefix cache over tokens looked up (TensorRT-LLM's "
          "iteration statistics count whole blocks)."),
         ("Engine tokens / s", "short",
@@ -226,16 +239,46 @@ def build() -> dict:
             pid += 1
         y += 8
     return {
-        "uid": "vlm-gateway", "title": "vlm-gateway", "tags": ["vlm-gateway", "vllm", "tensorrt-llm"],
+        "id": None, "uid": "vlm-gateway", "title": "vlm-gateway", "tags": ["vlm-gateway", "vllm", "tensorrt-llm"],
         "timezone": "browser", "schemaVersion": 39, "version": 1, "editable": True,
         "refresh": "10s", "time": {"from": "now-1h", "to": "now"},
-        "annotations": {"list": []}, "templating": {"list": []}, "panels": panels,
+        "annotations": {"list": []}, "templating": {"list": variables()}, "panels": panels,
     }
+
+
+def _label_variable(name: str, label: str, metric: str) -> dict:
+    q = f"label_values({metric}, {name})"
+    return {"name": name, "label": label, "type": "query", "datasource": DS, "definition": q,
+            "query": {"query": q, "refId": f"{name}-values"}, "refresh": 2, "sort": 1, "regex": "",
+            "includeAll": True, "multi": True, "allValue": ".*", "hide": 0, "options": [],
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]}}
+
+
+def variables() -> list[dict]:
+    """The data source (any Prometheus of the Grafana it is imported into), then the models
+    and backends the gateway reports (All by default)."""
+    return [
+        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+         "refresh": 1, "regex": "", "hide": 0, "includeAll": False, "multi": False, "options": [],
+         "current": {}},
+        _label_variable("model", "Model", "vlm_gateway_requests_total"),
+        _label_variable("backend", "Backend", "vlm_gateway_backend_healthy"),
+    ]
 
 
 def queries(dashboard: dict) -> list[tuple[str, str]]:
     """(panel title, expr) for every target of every panel."""
     return [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+def as_sent(expr: str, rate_window: str, **values: str) -> str:
+    """An expr as Grafana sends it to Prometheus: the rate window, and each variable at its
+    value (All = its allValue, ``.*``)."""
+    out = expr.replace("$__rate_interval", rate_window)
+    for v in variables():
+        if v["type"] == "query":
+            out = out.replace(f"${v['name']}", values.get(v["name"], v["allValue"]))
+    return out
 
 
 def render() -> str:

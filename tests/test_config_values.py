@@ -177,6 +177,7 @@ BAD: dict[str, typing.Any] = {
     "video.engine_min_pixels": 0,
     "simulator.profile": "nope",
     "simulator.time_scale": 0,
+    "simulator.port": 70000,
     "slo.ttft_ms": 0,
     "slo.percentile": "p50",
     "slo.window_s": 0,

@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -180,16 +181,22 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(servers, tmp_
         queries = build_dashboard.queries(json.loads((ROOT / "grafana/dashboards/vlm-gateway.json").read_text()))
         assert len(queries) >= 30
         for title, expr in queries:
-            result = _query(prom, expr.replace("$__rate_interval", RATE_WINDOW))
+            result = _query(prom, build_dashboard.as_sent(expr, RATE_WINDOW))
             values = [float(r["value"][1]) for r in result]
             if not any(math.isfinite(v) for v in values):
                 problems.append(f"{title}: {expr} -> {values or 'no series'}")
         assert not problems, "panels without data:\n" + "\n".join(problems)
+        # the model and backend variables: Grafana asks Prometheus for a label's values like this
+        for v in build_dashboard.variables():
+            if v["type"] == "query":
+                metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", v["query"]["query"]).groups()
+                got = httpx.get(f"{prom}/api/v1/label/{label}/values", params={"match[]": metric}, timeout=10).json()
+                assert got["data"], (v["name"], got)
 
-        levels = {r["metric"].get("level") for r in _query(prom, build_dashboard.CACHE_RATIO
-                                                            .replace("$__rate_interval", RATE_WINDOW))}
-        levels |= {r["metric"].get("level") for r in _query(prom, build_dashboard.L2_AFFINITY
-                                                             .replace("$__rate_interval", RATE_WINDOW))}
+        levels = {r["metric"].get("level") for r in _query(prom, build_dashboard.as_sent(build_dashboard.CACHE_RATIO,
+                                                                                         RATE_WINDOW))}
+        levels |= {r["metric"].get("level") for r in _query(prom, build_dashboard.as_sent(build_dashboard.L2_AFFINITY,
+                                                                                          RATE_WINDOW))}
         assert {"l1", "l2", "l3_exact", "l3_normalized"} <= levels, levels
         statuses = {r["metric"]["status"] for r in _query(prom, "sum by (status) (vlm_gateway_rejections_total)")}
         assert {"400", "404", "413", "429"} <= statuses, statuses

@@ -65,15 +65,51 @@ def test_config_profiles_extend_and_override():
 
 # -- launch --------------------------------------------------------------------------------
 def test_vllm_launch_line_rtx4060ti():
-    argv, opts = command_for(get_profile("rtx4060ti"), MODEL, "0.0.0.0", 8001)
+    argv, opts = command_for(get_profile("rtx4060ti"), MODEL + "-AWQ", "0.0.0.0", 8001)
     assert opts == ""
     assert shlex.join(argv) == (
-        "vllm serve Qwen/Qwen3-VL-2B-Instruct --host 0.0.0.0 --port 8001 --max-model-len 4096 "
+        "vllm serve Qwen/Qwen3-VL-2B-Instruct-AWQ --host 0.0.0.0 --port 8001 --max-model-len 4096 "
         "--max-num-seqs 1 --max-num-batched-tokens 2048 --gpu-memory-utilization 0.92 --dtype float16 "
         "--limit-mm-per-prompt '{\"image\":1,\"video\":1}' "
         "--mm-processor-kwargs '{\"images_kwargs\":{\"size\":{\"longest_edge\":262144,\"shortest_edge\":65536}},"
         "\"videos_kwargs\":{\"size\":{\"longest_edge\":4194304,\"shortest_edge\":4096}}}' "
         "--enable-prefix-caching --quantization awq --cpu-offload-gb 4")
+
+
+def test_awq_profile_passes_quantization_only_for_an_awq_checkpoint(tmp_path, capsys):
+    """vLLM refuses --quantization awq for a checkpoint that is not AWQ: the flag follows the
+    model (a local checkpoint's config.json, else its name), and the CLI says why it is left out."""
+    from vlm_gateway.cli import main
+    argv, _ = command_for(get_profile("rtx4060ti"), MODEL, "127.0.0.1", 8000)
+    assert "--quantization" not in argv and "--cpu-offload-gb" in argv
+    plain, awq = tmp_path / "plain", tmp_path / "awq-weights"
+    plain.mkdir(), awq.mkdir()
+    (plain / "config.json").write_text(json.dumps({"architectures": ["Qwen3VLForConditionalGeneration"]}))
+    (awq / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "awq", "bits": 4}}))
+    assert "--quantization" not in command_for(get_profile("rtx4060ti"), str(plain), "127.0.0.1", 8000)[0]
+    assert "awq" in command_for(get_profile("rtx4060ti"), str(awq), "127.0.0.1", 8000)[0]
+    assert main(["launch", "--profile", "rtx4060ti", "--model", MODEL, "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert "--quantization" not in out
+    assert f"{MODEL} is not AWQ (by its name), so --quantization awq is left out" in err
+    assert main(["launch", "--profile", "rtx4060ti", "--model", str(awq), "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert "--quantization awq" in out and "left out" not in err
+
+
+def test_launch_engine_option_and_loopback_default(capsys):
+    """`launch --engine trtllm` (docs/TRTLLM.md) writes trtllm-serve's line from any profile's
+    sizes; engines listen on loopback unless --host says otherwise, and the output says how."""
+    from vlm_gateway.cli import main
+    assert main(["launch", "--engine", "trtllm", "--profile", "rtx4090d", "--model", MODEL, "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1].startswith(f"trtllm-serve {MODEL} --host 127.0.0.1 --port 8000 --backend pytorch")
+    assert "pass --host 0.0.0.0" in err
+    assert main(["launch", "--engine", "vllm", "--profile", "rtx4090d", "--model", MODEL, "--host", "0.0.0.0",
+                 "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"vllm serve {MODEL} --host 0.0.0.0 ") and "--max-num-seqs 4 " in out
+    assert "--host 0.0.0.0" not in err
 
 
 def test_vllm_launch_line_h200_and_qwen25_pixels():
@@ -171,7 +207,7 @@ def test_launch_cli_dry_run(capsys):
     from vlm_gateway.cli import main
     assert main(["launch", "--profile", "a10g", "--model", MODEL, "--port", "9000", "--dry-run"]) == 0
     out = capsys.readouterr().out.strip()
-    assert out.startswith("vllm serve Qwen/Qwen3-VL-2B-Instruct --host 0.0.0.0 --port 9000 ")
+    assert out.startswith("vllm serve Qwen/Qwen3-VL-2B-Instruct --host 127.0.0.1 --port 9000 ")
     assert "--max-num-seqs 3 " in out
     assert main(["launch", "--profile", "nope", "--model", MODEL, "--dry-run"]) == 2
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -106,7 +107,11 @@ def test_playground_shows_a_videos_rewrite(servers, tmp_path):
     assert page["video_shown"] and page["image_hidden"]
     assert page["after_src"].startswith("data:video/mp4;base64,")
     assert page["size_before"] == "640 × 360" and page["size_after"] == "640 × 352"
-    assert page["frames_before"] == "24 at 10 fps"
+    # a video gets a video question; the source's frame rate is not shown as a frame count
+    assert page["question_default"] == "Describe what happens in this video in one sentence."
+    assert re.fullmatch(r"24 sampled by the engine · source 10 fps, 11\.\d s", page["frames_before"]), \
+        page["frames_before"]
+    assert re.fullmatch(r"\d+ at \d+(/\d+)? fps · \d+ screen states kept", page["frames_after"]), page["frames_after"]
     assert page["frames_after"].endswith(f"· {len(times)} screen states kept")
     assert page["bytes_before"] == len(data) and page["bytes_after"] > 0
     assert 0 < page["tokens_after"] < page["tokens_before"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures as cf
 import os
+import re
 import sys
 import time
 
@@ -142,7 +143,7 @@ def test_repeated_video_hits_l1_and_sends_the_same_bytes(env):
     # the engine's prefix cache hits too: the bytes (and so its content hash) are the same
     assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
     assert _metric(gw, "vlm_gateway_video_frames_total", 'direction="out"') > 0
-    assert _metric(gw, "vlm_gateway_video_tokens_total", 'stage="saved"') >= 0
+    assert _metric(gw, "vlm_gateway_video_tokens_saved_total", "") >= 0
 
 
 def test_response_cache_key_includes_the_video(env):
@@ -230,7 +231,10 @@ def test_full_decode_pool_answers_503_with_retry_after(module_servers, env):
     assert chat(gw, [video_part(uri(clips[0]))]).status_code == 200
 
 
-def test_gateway_without_pyav_answers_501(module_servers, env, tmp_path):
+def test_gateway_without_pyav_answers_a_4xx_the_sdk_does_not_retry(module_servers, env, tmp_path):
+    """PyAV is a core dependency; an install that lost it answers 400 video_unavailable, naming
+    the command that installs it (the package is installed from its checkout), and the OpenAI
+    SDK, which retries 5xx twice, sends it once."""
     sim, _ = env
     stub = tmp_path / "no_pyav" / "av"
     stub.mkdir(parents=True)
@@ -238,11 +242,24 @@ def test_gateway_without_pyav_answers_501(module_servers, env, tmp_path):
     path = os.pathsep.join([str(stub.parent), os.environ.get("PYTHONPATH", "")])
     gw = module_servers.gateway({}, backends=[sim], env={"PYTHONPATH": path})
     r = chat(gw, [video_part(uri(CLIP))])
-    assert r.status_code == 501, r.text
+    assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["code"] == "video_unavailable" and err["param"] == "messages[0].content[1].video_url"
-    assert "vlm-gateway[video]" in err["message"]
+    assert err["type"] == "invalid_request_error"
+    assert "pip install -e . in the gateway's checkout" in err["message"] and "vlm-gateway[" not in err["message"]
     assert "PyAV is not installed" in open(gw.log).read()
+
+    def refused() -> float:
+        text = httpx.get(gw.url + "/metrics", timeout=10).text
+        m = re.search(r'vlm_gateway_rejections_total\{reason="video_unavailable",status="400"\} (\S+)', text)
+        return float(m.group(1)) if m else 0.0
+    before = refused()
+    client = openai.OpenAI(base_url=gw.base_url, api_key="x")  # the SDK's default retries
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=SIM_MODEL, max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "what happens?"}, video_part(uri(CLIP))]}])
+    assert exc.value.code == "video_unavailable"
+    assert refused() == before + 1, "the SDK retried"
     # the operator's escape hatch per request, and requests without video, still work
     assert chat(gw, [video_part(uri(CLIP))], headers={"x-vlm-gateway-video-policy": "off"}).status_code == 200
     assert chat(gw, []).status_code == 200

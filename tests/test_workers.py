@@ -96,7 +96,8 @@ def test_address_in_use_fails_before_any_worker(servers, tmp_path):
                             "--backend", "http://127.0.0.1:9/v1"], capture_output=True, text=True, timeout=60)
     finally:
         s.close()
-    assert r.returncode == 1 and f"cannot bind 127.0.0.1:{port}" in r.stderr, r.stderr
+    assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+    assert "listening on" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def _worker_connections(port: int, pids: list[int]) -> list[int]:

@@ -71,12 +71,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"vlm-gateway: config error: {_one_line(str(e))}", file=sys.stderr)
         return 2
+    host, port = cfg.server.host, cfg.server.port
+    if args.check:  # the whole configuration checked, nothing started
+        where = ", ".join(b.url for b in cfg.backends) or ("discovery" if cfg.discovery else "the built-in simulator")
+        print(f"vlm-gateway: config OK: would listen on {host}:{port} ({cfg.server.workers} worker"
+              f"{'s' if cfg.server.workers > 1 else ''}) in front of {where}")
+        return 0
     _setup_logging(cfg.server.log_level, cfg.server.log_format)
+    try:
+        # bound before anything is started or logged: a port in use is one line, not a traceback
+        sock = _bind(host, port, keep=cfg.server.workers == 1)
+    except OSError as e:
+        print(f"vlm-gateway: server.port: cannot listen on {host}:{port} ({e.strerror or e}); "
+              "choose another with --port or server.port", file=sys.stderr)
+        return 2
     if not cfg.backends and not cfg.discovery:
         from .backends.sim.embedded import start_in_thread
         from .backends.sim.profiles import get_profile
         prof = get_profile(cfg.simulator.profile, time_scale=cfg.simulator.time_scale)
-        url = start_in_thread(prof)
+        try:
+            url = start_in_thread(prof, cfg.simulator.port)
+        except OSError as e:
+            print(f"vlm-gateway: simulator.port: cannot listen on 127.0.0.1:{cfg.simulator.port} "
+                  f"({e.strerror or e}); choose another or 0 for a free one", file=sys.stderr)
+            return 2
         cfg.backends.append(BackendConfig(url=url, name="simulator", engine="sim"))
         banner = "!" * 78
         log.warning("%s", banner)
@@ -84,38 +102,92 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.warning("It is a test instrument that generates filler text, NOT a model.")
         log.warning("Add backends with --backend URL or a config file to serve a real engine.")
         log.warning("%s", banner)
-    if cfg.server.host not in ("127.0.0.1", "localhost", "::1") and not cfg.auth.tenants:
-        log.warning("listening on %s without API keys: anyone who can reach it can use the backends",
-                    cfg.server.host)
+    if host not in ("127.0.0.1", "localhost", "::1") and not cfg.auth.tenants:
+        log.warning("listening on %s without API keys: anyone who can reach it can use the backends", host)
     import uvicorn
     os.environ["VLM_GATEWAY_CONFIG_JSON"] = orjson.dumps(cfg.to_dict()).decode()
     if cfg.server.workers > 1:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = multiproc_dir or tempfile.mkdtemp(prefix="vlm-gateway-metrics-")
-    log.info("vlm-gateway %s listening on http://%s:%d (%d worker%s, %d backend%s, up to %d client connections "
-             "per worker)", __version__, cfg.server.host, cfg.server.port, cfg.server.workers,
-             "s" if cfg.server.workers > 1 else "", len(cfg.backends), "s" if len(cfg.backends) > 1 else "", cap)
-    if cfg.discovery:
-        log.info("backend discovery: %s", ", ".join(f"{d.kind} {d.dns_name or d.service}" for d in cfg.discovery))
+    where = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     # uvicorn's httptools protocol plus header/body deadlines and the connection cap
-    kwargs = dict(app="vlm_gateway.proxy.app:create_app", factory=True, host=cfg.server.host, port=cfg.server.port,
+    kwargs = dict(app="vlm_gateway.proxy.app:create_app", factory=True, host=host, port=port,
                   log_level="warning", access_log=False, loop="uvloop",
                   http="vlm_gateway.proxy.connection_guard:GuardedHttpToolsProtocol", ws="none",
                   timeout_graceful_shutdown=5, timeout_keep_alive=cfg.server.keep_alive_timeout_s)
     if cfg.server.workers > 1:
         from .proxy.workers import Supervisor
-        return Supervisor(cfg.server.workers, kwargs, cfg.server.pid_dir).run()
+        sup = Supervisor(cfg.server.workers, kwargs, cfg.server.pid_dir)
+        try:
+            sup.bind()  # the supervisor's own hold on the address, before it says it listens
+        except OSError as e:
+            print(f"vlm-gateway: server.port: cannot listen on {host}:{port} ({e.strerror or e}); "
+                  "choose another with --port or server.port", file=sys.stderr)
+            return 2
+        _log_listening(where, cfg, cap)
+        rc = sup.run()
+        log.info("vlm-gateway stopped (%s)", where)
+        return rc
     pid_file = os.path.join(cfg.server.pid_dir, "gateway.pid") if cfg.server.pid_dir else ""
     if pid_file:
         os.makedirs(cfg.server.pid_dir, exist_ok=True)
         with open(pid_file, "w") as f:
             f.write(f"{os.getpid()}\n")
+    _log_listening(where, cfg, cap)
     try:
-        uvicorn.run(**kwargs)
+        _server(uvicorn.Config(**kwargs), where).run(sockets=[sock])
     finally:
         if pid_file:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(pid_file)
     return 0
+
+
+def _bind(host: str, port: int, keep: bool):
+    """Bind ``host:port`` (a plain socket: an address anyone holds, with or without
+    SO_REUSEPORT, is refused). ``keep``: return it for uvicorn; else close it (the workers
+    bind their own) and return None."""
+    import socket
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    if not keep:
+        sock.close()
+        return None
+    sock.set_inheritable(False)
+    return sock
+
+
+def _log_listening(where: str, cfg, cap: int) -> None:
+    n, b = cfg.server.workers, len(cfg.backends)
+    log.info("vlm-gateway %s listening on %s (%d worker%s, %d backend%s, up to %d client connections "
+             "per worker)", __version__, where, n, "s" if n > 1 else "", b, "s" if b > 1 else "", cap)
+    if cfg.discovery:
+        log.info("backend discovery: %s", ", ".join(f"{d.kind} {d.dns_name or d.service}" for d in cfg.discovery))
+
+
+def _server(config, where: str):
+    """uvicorn's server, saying when a signal starts the shutdown and when it is done
+    (uvicorn then re-raises the signal: the exit status is the signal's)."""
+    import signal
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if not self.should_exit:
+                log.info("shutting down (%s): finishing requests in flight, at most %d s",
+                         signal.Signals(sig).name, self.config.timeout_graceful_shutdown or 0)
+            super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets=None) -> None:
+            await super().shutdown(sockets)
+            log.info("vlm-gateway stopped (%s)", where)
+    return Server(config)
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
@@ -157,20 +229,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"vlm-gateway {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    s = sub.add_parser("serve", help="run the gateway")
-    s.add_argument("--config", help="YAML config file (see examples/gateway.yaml)")
-    s.add_argument("--host")
-    s.add_argument("--port", type=int)
+    s = sub.add_parser("serve", help="run the gateway",
+                       description="Run the OpenAI-compatible gateway. Every option overrides the config file "
+                                   "and VLM_GATEWAY_* variables (docs/CONFIG.md); with no backend configured the "
+                                   "built-in simulator (a test instrument) is started as the backend.")
+    s.add_argument("--config", metavar="FILE",
+                   help="YAML config file (see examples/gateway.yaml); default: $VLM_GATEWAY_CONFIG, else none")
+    s.add_argument("--host", help="address to listen on (server.host, default 127.0.0.1); anything but "
+                                  "loopback without API keys (auth.tenants) logs a warning")
+    s.add_argument("--port", type=int, help="TCP port to listen on (server.port, default 8080)")
     s.add_argument("--backend", action="append", metavar="URL",
-                   help="OpenAI-compatible upstream, e.g. http://gpu1:8000/v1 (repeatable)")
-    s.add_argument("--workers", type=int)
-    s.add_argument("--log-format", choices=["text", "json"])
+                   help="OpenAI-compatible upstream, e.g. http://gpu1:8000/v1 (repeatable; added to the "
+                        "config's backends; a config file's backends[] also sets engine, profile and name)")
+    s.add_argument("--workers", type=int, metavar="N",
+                   help="worker processes, each with its own listening socket (server.workers, default 1)")
+    s.add_argument("--log-format", choices=["text", "json"],
+                   help="log lines as text or one JSON object per line (server.log_format, default text)")
+    s.add_argument("--check", action="store_true",
+                   help="check the configuration (file, VLM_GATEWAY_* variables, these options) and exit: "
+                        "0 and one line when it is valid, 2 and the key at fault when not; listens on nothing")
     s.set_defaults(func=cmd_serve)
 
     m = sub.add_parser("sim", help="run the vLLM-like simulator (a test instrument)")
-    m.add_argument("--host", default="127.0.0.1")
-    m.add_argument("--port", type=int, default=8000)
-    m.add_argument("--profile", default="h200-qwen3vl-2b")
+    m.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    m.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    m.add_argument("--profile", default="h200-qwen3vl-2b", help="timing profile (backends/sim/profiles.yaml)")
     m.add_argument("--model", default="qwen3vl-sim", help="served model name")
     m.add_argument("--engine", choices=["vllm", "trtllm"], default="vllm",
                    help="load endpoints to serve: vLLM's /metrics, or trtllm-serve's /metrics (JSON iteration "

@@ -474,6 +474,8 @@ class SimulatorConfig:
 
     profile: str = "h200-qwen3vl-2b"
     time_scale: float = 1.0
+    # Port of the built-in simulator on 127.0.0.1; 0 = a free port picked at start.
+    port: int = 0
 
 
 @dataclass
@@ -557,6 +559,21 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     return value
 
 
+def _unknown_hint(key: str, name: str, names: set[str]) -> str:
+    if key in REPLACED:
+        return f"; replaced by {REPLACED[key]}"
+    import difflib
+    close = difflib.get_close_matches(name.lower(), sorted(names), n=1, cutoff=0.7)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error as 'line L, column C: what' (1-based, where the parser stopped)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    what = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark is not None else what
+
+
 def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
@@ -564,8 +581,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if k not in names:
-            hint = f"; replaced by {REPLACED[key]}" if key in REPLACED else ""
-            raise ConfigError(f"{key}: unknown key{hint}")
+            raise ConfigError(f"{key}: unknown key{_unknown_hint(key, str(k), names)}")
         kwargs[k] = _convert(hints[k], v, key)
     return cls(**kwargs)
 
@@ -601,7 +617,7 @@ def build_config(path: str | None = None, environ: typing.Mapping[str, str] | No
         except OSError as e:
             raise ConfigError(f"config file {path}: {e.strerror}") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path}: invalid YAML ({str(e).splitlines()[0]})") from None
+            raise ConfigError(f"config file {path}: invalid YAML at {_yaml_problem(e)}") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

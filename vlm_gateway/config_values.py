@@ -360,6 +360,7 @@ RULES: dict[str, Rule] = {
     "slo.text_scales": level_scales,
     "slo.photo_floor_long_side": at_least(1),
     "simulator.time_scale": above(0),
+    "simulator.port": within(0, 65535),
     "redis_url": redis_url,
     "discovery[].dns_name": dns_name,
     "discovery[].port": within(0, 65535),

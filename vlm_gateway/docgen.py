@@ -1,7 +1,8 @@
-"""Generate docs/CONFIG.md from the configuration model (``vlm_gateway/config.py``).
+"""Generate docs/CONFIG.md from the configuration model (``vlm_gateway/config.py``), and the
+references of ``docgen_refs.py`` (docs/HEADERS.md, docs/METRICS.md).
 
-    python -m vlm_gateway.docgen            # rewrite docs/CONFIG.md
-    python -m vlm_gateway.docgen --check    # exit 1 if docs/CONFIG.md is out of date
+    python -m vlm_gateway.docgen            # rewrite them
+    python -m vlm_gateway.docgen --check    # exit 1 if one is out of date
 
 Every key of every section is listed with its type, default, environment
 variable and the comment written above it in config.py, so the reference cannot
@@ -232,22 +233,26 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .docgen_refs import RENDERERS
     p = argparse.ArgumentParser(prog="python -m vlm_gateway.docgen", description=__doc__.splitlines()[0])
-    p.add_argument("--check", action="store_true", help="fail if the committed file differs")
-    p.add_argument("--output", default=str(DOC_PATH))
+    p.add_argument("--check", action="store_true", help="fail if a committed file differs")
+    p.add_argument("--output", default=str(DOC_PATH), help="where CONFIG.md goes")
     args = p.parse_args(argv)
-    text = render()
-    path = Path(args.output)
-    if args.check:
-        current = path.read_text(encoding="utf-8") if path.exists() else ""
-        if current != text:
-            print(f"{path} is out of date: run `python -m vlm_gateway.docgen`", file=sys.stderr)
-            return 1
-        return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    print(f"wrote {path}")
-    return 0
+    # CONFIG.md, then the references of docgen_refs.py (HEADERS.md, METRICS.md)
+    docs = [(Path(args.output), render)] + [(path, fn) for path, fn in RENDERERS.items()]
+    stale = []
+    for path, fn in docs:
+        text = fn()
+        if args.check:
+            if (path.read_text(encoding="utf-8") if path.exists() else "") != text:
+                stale.append(path)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
+    for path in stale:
+        print(f"{path} is out of date: run `python -m vlm_gateway.docgen`", file=sys.stderr)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -13,8 +13,10 @@ from __future__ import annotations
 import os
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
-                               generate_latest)
+                               disable_created_metrics, generate_latest)
 
+# no `*_created` gauge beside every counter and histogram (a sample per series that no query uses)
+disable_created_metrics()
 MULTIPROC = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -27,6 +29,11 @@ def _gauge(name: str, doc: str, labels: tuple[str, ...] = (), mode: str = "lives
 
 REQUESTS = Counter("vlm_gateway_requests_total", "Requests by route, model and status",
                    ("route", "model", "status"))
+# the client's view, upstream included: first byte of the request -> last byte of the answer
+REQUEST_DURATION = Histogram("vlm_gateway_request_duration_seconds",
+                             "Whole request as the client sees it, from its first byte to the answer's last, "
+                             "by route and model (model: a served one, else other)", ("route", "model"),
+                             buckets=_SLOW)
 OVERHEAD = Histogram("vlm_gateway_overhead_seconds", "Time spent in the gateway, upstream excluded",
                      ("route",), buckets=_FAST)
 OVERHEAD_PHASE = Histogram("vlm_gateway_overhead_phase_seconds",
@@ -40,7 +47,10 @@ UPSTREAM_E2E = Histogram("vlm_gateway_upstream_e2e_seconds", "Upstream end-to-en
 TOKENS = Counter("vlm_gateway_tokens_total", "Prompt/completion tokens reported by upstreams",
                  ("model", "kind"))
 VISUAL_TOKENS = Counter("vlm_gateway_visual_tokens_total",
-                        "Visual tokens before and after rewrite, and saved", ("model", "stage"))
+                        "Visual tokens of images as the client sent them (stage=before) and as rewritten "
+                        "(stage=after)", ("model", "stage"))
+VISUAL_TOKENS_SAVED = Counter("vlm_gateway_visual_tokens_saved_total",
+                              "Visual tokens the image rewrite removed (before - after)", ("model",))
 IMAGE_BYTES = Counter("vlm_gateway_image_bytes_total", "Image bytes in (source) and out (sent)",
                       ("direction",))
 IMAGES = Counter("vlm_gateway_images_total", "Images handled by outcome", ("outcome",))
@@ -144,7 +154,10 @@ VIDEO_FRAMES = Counter("vlm_gateway_video_frames_total",
                        "Video frames: decoded by the gateway, sampled by the engine from the source as sent (in) "
                        "and from the rewritten video (out)", ("direction",))
 VIDEO_TOKENS = Counter("vlm_gateway_video_tokens_total",
-                       "Prompt tokens of video parts before and after rewrite, and saved", ("model", "stage"))
+                       "Prompt tokens of video parts as sent (stage=before) and as rewritten (stage=after)",
+                       ("model", "stage"))
+VIDEO_TOKENS_SAVED = Counter("vlm_gateway_video_tokens_saved_total",
+                             "Prompt tokens the video rewrite removed (before - after)", ("model",))
 VIDEO_REWRITE_SECONDS = Histogram("vlm_gateway_video_rewrite_seconds",
                                   "Video rewrite wall time (decode, sample, dedupe, resize, encode)",
                                   buckets=_SLOW)

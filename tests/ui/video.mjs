@@ -16,6 +16,7 @@ try {
   await page.waitForSelector("body[data-ready='1']");
   await page.setInputFiles("#file", videoPath);
   await page.waitForFunction(() => !document.getElementById("run").disabled);
+  result.question_default = await page.inputValue("#question");
   await page.fill("#question", "What changes on the screen?");
   await page.click("#run");
   await page.waitForFunction(() => document.getElementById("answer-state").textContent === "done" ||

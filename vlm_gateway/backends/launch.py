@@ -75,7 +75,33 @@ def mm_processor_kwargs(model: str, profile: dict[str, Any]) -> dict[str, Any] |
     return out or None
 
 
-def vllm_command(model: str, profile: dict[str, Any], host: str = "0.0.0.0", port: int = 8000,
+def checkpoint_quantization(model: str) -> str | None:
+    """The quantization method of a local checkpoint (its config.json's
+    ``quantization_config.quant_method``, '' when it has none); None for a hub name,
+    whose config is not read here."""
+    path = os.path.join(os.path.expanduser(model), "config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            qc = json.load(f).get("quantization_config") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(qc.get("quant_method") or "").lower() if isinstance(qc, dict) else ""
+
+
+def quantization_applies(model: str, quantization: str) -> bool:
+    """Whether a profile's ``quantization`` fits the model: a local checkpoint's config
+    says so; a hub name must carry the method (``...-AWQ``, ``...-FP8``). vLLM refuses a
+    ``--quantization`` the checkpoint was not made with."""
+    q = quantization.lower()
+    found = checkpoint_quantization(model)
+    if found is not None:
+        return found == q
+    return q in model.lower()
+
+
+def vllm_command(model: str, profile: dict[str, Any], host: str = "127.0.0.1", port: int = 8000,
                  served_name: str = "") -> list[str]:
     p = profile
     cmd = ["vllm", "serve", model, "--host", host, "--port", str(port)]
@@ -97,7 +123,7 @@ def vllm_command(model: str, profile: dict[str, Any], host: str = "0.0.0.0", por
     if kw:
         cmd += ["--mm-processor-kwargs", _compact(kw)]
     cmd.append("--enable-prefix-caching" if p.get("enable_prefix_caching", True) else "--no-enable-prefix-caching")
-    if p.get("quantization"):
+    if p.get("quantization") and quantization_applies(model, p["quantization"]):
         cmd += ["--quantization", p["quantization"]]
     if p.get("cpu_offload_gb"):
         cmd += ["--cpu-offload-gb", f"{float(p['cpu_offload_gb']):g}"]
@@ -118,7 +144,7 @@ def trtllm_options(profile: dict[str, Any]) -> dict[str, Any]:
     return opts
 
 
-def trtllm_command(model: str, profile: dict[str, Any], host: str = "0.0.0.0", port: int = 8000,
+def trtllm_command(model: str, profile: dict[str, Any], host: str = "127.0.0.1", port: int = 8000,
                    options_path: str = "extra_llm_api_options.yaml") -> list[str]:
     p = profile
     cmd = ["trtllm-serve", model, "--host", host, "--port", str(port), "--backend", "pytorch"]
@@ -141,7 +167,7 @@ def _yaml(obj: dict[str, Any]) -> str:
 
 def command_for(profile: dict[str, Any], model: str, host: str, port: int, served_name: str = "",
                 options_path: str = "extra_llm_api_options.yaml") -> tuple[list[str], str]:
-    """(argv, trtllm options YAML or '')."""
+    """(argv, trtllm options YAML or ''); the engine is the profile's ``engine``."""
     if profile.get("engine") == "trtllm":
         return trtllm_command(model, profile, host, port, options_path), _yaml(trtllm_options(profile))
     return vllm_command(model, profile, host, port, served_name), ""
@@ -166,15 +192,25 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(f"vlm-gateway launch: unknown profile {args.profile!r}; known: {', '.join(sorted(profiles))}",
               file=sys.stderr)
         return 2
-    prof = profiles[args.profile]
+    prof = dict(profiles[args.profile])
+    if args.engine:
+        prof["engine"] = args.engine  # the profile's sizes, another engine's command line
     opts_path = args.options_file or os.path.join(tempfile.gettempdir(), f"trtllm-{args.profile}-{args.port}.yaml")
     argv, opts = command_for(prof, args.model, args.host, args.port, args.served_model_name or "", opts_path)
-    if prof.get("quantization") and prof["quantization"].lower() not in args.model.lower():
-        print(f"# note: profile {args.profile} expects a {prof['quantization']} checkpoint of the model",
-              file=sys.stderr)
-    if prof.get("engine") == "trtllm" and prof.get("quantization"):
+    quant = prof.get("quantization") or ""
+    if quant and prof.get("engine") == "trtllm":
         print("# note: trtllm-serve's PyTorch backend takes the quantization from the checkpoint "
               "(e.g. a ModelOpt-quantized one); it is not passed as an option", file=sys.stderr)
+    elif quant and not quantization_applies(args.model, quant):
+        q = quant.upper()
+        print(f"# note: profile {args.profile} is sized for {q} weights; {args.model} is not {q} "
+              f"(by its {'config.json' if checkpoint_quantization(args.model) is not None else 'name'}), "
+              f"so --quantization {quant} is left out: give a {q} checkpoint (e.g. {args.model}-{q}) "
+              "for the profile's memory figures", file=sys.stderr)
+    if args.host in ("127.0.0.1", "localhost", "::1"):
+        print(f"# note: the engine listens on {args.host} only (it is started without an API key); for a gateway on "
+              "another machine pass --host 0.0.0.0 and keep the engine's port behind a firewall that only the "
+              "gateway passes (docs/DEPLOYMENT.md)", file=sys.stderr)
     if args.dry_run:
         if opts:
             print(f"cat > {shlex.quote(opts_path)} <<'EOF'\n{opts}EOF")
@@ -194,12 +230,18 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("launch", help="print or run the engine command of a GPU profile")
+    p = sub.add_parser("launch", help="print or run the engine command of a GPU profile",
+                       description="Print (--dry-run) or run the engine command line a GPU profile implies: "
+                                   "vllm serve or trtllm-serve, with the profile's limits.")
     p.add_argument("--profile", required=True, help="GPU profile name (backends/profiles.yaml or config)")
     p.add_argument("--model", required=True, help="model name or path, e.g. Qwen/Qwen3-VL-2B-Instruct")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--served-model-name", default="")
+    p.add_argument("--engine", choices=["vllm", "trtllm"], default=None,
+                   help="engine whose command line to write (vllm serve or trtllm-serve); default: the profile's")
+    p.add_argument("--port", type=int, default=8000, help="engine port (default 8000)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="engine listen address (default 127.0.0.1: engines take no API key; 0.0.0.0 to reach "
+                        "it from a gateway on another machine, behind a firewall)")
+    p.add_argument("--served-model-name", default="", help="vllm --served-model-name (the model name clients send)")
     p.add_argument("--config", help="gateway config whose `profiles:` extend the shipped ones")
     p.add_argument("--options-file", help="where to write trtllm-serve's extra LLM API options YAML")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")

@@ -18,6 +18,7 @@ from ..config import GatewayConfig, config_from_json
 from .asgi import AccessLogMiddleware, BrowserGuardMiddleware, RequestIdMiddleware
 from .connection_guard import STATE_KEY as GUARD_STATE_KEY, make_guard
 from .endpoints import CompletionEndpoint
+from ..core import headers as H
 from ..core.errors import GatewayError, NotFound, Unavailable, error_bytes
 from .extra_routes import routes as extra_routes
 from .gateway import Gateway
@@ -95,15 +96,6 @@ async def method_not_allowed(request: Request, exc: Exception) -> Response:
                     status_code=405, media_type="application/json")
 
 
-# Exposed to browser pages allowed by server.allowed_origins.
-EXPOSED_HEADERS = ["x-request-id", "x-vlm-gateway-overhead-ms", "server-timing", "x-vlm-gateway-backend", "x-vlm-gateway-cache",
-                   "x-vlm-gateway-cache-similarity", "x-vlm-gateway-visual-tokens", "x-vlm-gateway-image-policy",
-                   "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
-                   "x-ratelimit-limit-images", "x-ratelimit-remaining-images", "x-ratelimit-reset-images",
-                   "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens",
-                   "retry-after"]
-
-
 def middleware(cfg: GatewayConfig) -> list[Middleware]:
     """Outermost first: request id, access log, Host/Origin guard, CORS (only with allowed origins)."""
     s = cfg.server
@@ -113,7 +105,10 @@ def middleware(cfg: GatewayConfig) -> list[Middleware]:
     if s.allowed_origins:
         from starlette.middleware.cors import CORSMiddleware
         stack.append(Middleware(CORSMiddleware, allow_origins=s.allowed_origins, allow_methods=["GET", "POST"],
-                                allow_headers=["*"], expose_headers=EXPOSED_HEADERS, max_age=600))
+                                allow_headers=["*"], max_age=600,
+                                # every response header, for the configured image and video counts
+                                expose_headers=H.exposed(cfg.limits.max_images_per_request,
+                                                         cfg.limits.max_videos_per_request)))
     return stack
 
 

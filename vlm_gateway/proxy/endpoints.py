@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 import orjson
 
 from .. import metrics
-from ..core import timing
+from ..core import headers as H, timing
 from ..core.errors import GatewayError
 from ..core.stage import Reply
 from ..core.timing import Timing
@@ -54,13 +54,13 @@ def error_headers(err: GatewayError, request_id: str | None,
     stages set before it failed (cache result, visual tokens, rate limits)."""
     h = [(b"content-type", b"application/json")]
     if request_id:
-        h.append((b"x-request-id", request_id.encode()))
+        h.append((H.REQUEST_ID.raw, request_id.encode()))
     b = backend_name(req) if req is not None else None
-    h.append((b"x-vlm-gateway-backend", b.encode() if b is not None else b"none"))
+    h.append((H.BACKEND.raw, b.encode() if b is not None else b"none"))
     if req is not None:
-        h.append((b"x-vlm-gateway-overhead-ms", b"%.3f" % (overhead_s(req) * 1000.0)))
+        h.append((H.OVERHEAD.raw, b"%.3f" % (overhead_s(req) * 1000.0)))
         if req.timing is not None:
-            h.append((b"server-timing", req.timing.server_timing()))
+            h.append((H.SERVER_TIMING.raw, req.timing.server_timing()))
     merged = {k.lower(): v for k, v in (req.response_headers.items() if req is not None else ())}
     merged.update({k.lower(): v for k, v in err.headers.items()})
     h += [(k.encode(), v.encode()) for k, v in merged.items()]
@@ -132,6 +132,7 @@ class CompletionEndpoint:
                 await _finish(gw.chain, req)
             ex.status = status
             metrics.REQUESTS.labels(self.route, model, str(status)).inc()
+            metrics.REQUEST_DURATION.labels(self.route, model).observe(time.perf_counter() - tm.first_byte)
             if req is not None:
                 metrics.OVERHEAD.labels(self.route).observe(overhead_s(req))
                 for phase, seconds in tm.phases().items():

@@ -9,6 +9,7 @@ from ..backends.pool import Pool
 from ..backends.profiles import load_profiles
 from ..backends.transport import TransportFactory
 from ..config import GatewayConfig
+from ..core import headers as H
 from ..core.clock import Clock, monotonic
 from ..core.request import ChatRequest
 from ..stages.auth import Auth, KeyTable
@@ -54,13 +55,13 @@ class Gateway:
     def response_headers(req: ChatRequest, content_type: bytes) -> list[tuple[bytes, bytes]]:
         b = backend_name(req)
         h = [(b"content-type", content_type),
-             (b"x-vlm-gateway-overhead-ms", b"%.3f" % (overhead_s(req) * 1000.0)),
-             (b"x-vlm-gateway-backend", b.encode() if b is not None else b"none"),
-             (b"x-request-id", req.request_id.encode())]
+             (H.OVERHEAD.raw, b"%.3f" % (overhead_s(req) * 1000.0)),
+             (H.BACKEND.raw, b.encode() if b is not None else b"none"),
+             (H.REQUEST_ID.raw, req.request_id.encode())]
         if req.timing is not None:
-            h.append((b"server-timing", req.timing.server_timing()))
+            h.append((H.SERVER_TIMING.raw, req.timing.server_timing()))
         if content_type == b"text/event-stream":
-            h += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+            h += [(b"cache-control", b"no-cache"), (H.STREAM_NO_BUFFER.raw, b"no")]
         for k, v in req.response_headers.items():
             h.append((k.encode(), v.encode()))
         return h

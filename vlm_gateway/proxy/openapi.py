@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..config import GatewayConfig
+from ..core import headers as H
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -70,17 +71,16 @@ def _completion_path(summary: str, schema_ref: str) -> dict[str, Any]:
     return {"post": {
         "summary": summary,
         "security": [{"bearer": []}, {}],
+        "parameters": [{"name": h.name, "in": "header", "required": False, "description": h.doc,
+                        "schema": {"type": "string"}} for h in H.REQUEST
+                       if h.name.startswith("x-") or h.name == "cache-control"],
         "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": schema_ref}}}},
         "responses": {
             "200": {"description": "A completion (JSON), or server-sent events when stream is true",
                     "content": {"application/json": {"schema": {"type": "object"}},
                                 "text/event-stream": {"schema": {"type": "string"}}},
-                    "headers": {h: {"schema": {"type": "string"}} for h in (
-                        "x-request-id", "x-vlm-gateway-overhead-ms", "server-timing", "x-vlm-gateway-backend",
-                        "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
-                        "x-ratelimit-reset-requests", "x-vlm-gateway-grounding",
-                        "x-vlm-gateway-image-transform-1", "x-vlm-gateway-video-tokens",
-                        "x-vlm-gateway-video-1", "x-vlm-gateway-image-budget")}},
+                    "headers": {name: {"description": h.doc, "schema": {"type": "string"}}
+                                for h in H.RESPONSE for name in h.expand(1)}},
             **_errors(400, 401, 403, 404, 413, 429, 501, 502, 503, 504)}}}
 
 

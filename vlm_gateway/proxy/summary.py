@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import time
 
+from ..core import headers as H
 from ..backends.backend import CHOSEN
 from ..core.request import ChatRequest
 
-CACHE_HEADER = "x-vlm-gateway-cache"
+CACHE_HEADER = H.CACHE.name
 
 
 def overhead_s(req: ChatRequest, now: float | None = None) -> float:

@@ -74,6 +74,12 @@ class Supervisor:
         self.stopping = threading.Event()
         # open client connections per worker (rebalance.py): each worker writes its own slot
         self.counts = self.ctx.RawArray("i", n)
+        self.hold: socket.socket | None = None
+
+    def bind(self) -> None:
+        """Hold the address (bound, never listening); ``OSError`` when it cannot be had."""
+        if self.hold is None:
+            self.hold = listening_socket(self.kwargs["host"], self.kwargs["port"], listen=False)
 
     def _pid_file(self, name: str, pid: int | None) -> None:
         if self.pid_dir is None:
@@ -92,12 +98,15 @@ class Supervisor:
         self.procs[i], self.started[i] = p, time.monotonic()
         self._pid_file(f"worker-{i}.pid", p.pid)
 
-    def _stop(self, *_) -> None:
+    def _stop(self, sig=None, _frame=None) -> None:
+        if sig is not None and not self.stopping.is_set():
+            log.info("shutting down (%s): stopping %d workers, each finishing its requests in flight",
+                     signal.Signals(sig).name, self.n)
         self.stopping.set()
 
     def run(self) -> int:
         try:
-            hold = listening_socket(self.kwargs["host"], self.kwargs["port"], listen=False)
+            self.bind()
         except OSError as e:
             log.error("cannot bind %s:%s: %s", self.kwargs["host"], self.kwargs["port"], e.strerror or e)
             return 1
@@ -124,7 +133,7 @@ class Supervisor:
                         self._start(i)
         finally:
             self._shutdown()
-            hold.close()
+            self.hold.close()
         return 0
 
     def _shutdown(self) -> None:

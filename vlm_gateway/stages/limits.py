@@ -18,6 +18,7 @@ own default (often the whole context) cannot exceed it.
 
 from __future__ import annotations
 
+from ..core import headers as H
 from ..config import GatewayConfig, LimitsConfig
 from ..core.errors import BadRequest
 from ..core.request import ChatRequest
@@ -39,7 +40,7 @@ MEDIA_KWARGS = ("mm_processor_kwargs", "media_io_kwargs")
 # mm_processor_kwargs keys that reach only other modalities' processors (transformers merges
 # every other key, flat ones included, into the video processor's kwargs too)
 NON_VIDEO_PROCESSOR_KEYS = frozenset({"images_kwargs", "audio_kwargs", "text_kwargs"})
-VIDEO_POLICY_HEADER = "x-vlm-gateway-video-policy"
+VIDEO_POLICY_HEADER = H.VIDEO_POLICY.name
 _COUNTS = {"image": ("images", "max_images_per_request"), "embeds": ("images", "max_images_per_request"),
            "video": ("videos", "max_videos_per_request"), "audio": ("audios", "max_audios_per_request")}
 

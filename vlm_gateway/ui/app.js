@@ -44,9 +44,17 @@ function showTab() {
 }
 
 // -- image input -------------------------------------------------------------------------
+// The question's default follows the media kind, until the user writes one of their own.
+const DEFAULT_QUESTION = {
+  image: "Describe this image in one sentence.",
+  video: "Describe what happens in this video in one sentence.",
+};
+
 function showKind(kind) {
   state.kind = kind;
   const video = kind === "video";
+  const q = $("question");
+  if (Object.values(DEFAULT_QUESTION).includes(q.value.trim())) q.value = DEFAULT_QUESTION[kind];
   for (const side of ["before", "after"]) {
     $("img-" + side).hidden = video;
     $("video-" + side).hidden = !video;
@@ -155,8 +163,13 @@ async function runVideo(model) {
     $("bytes-" + side).dataset.value = info.bytes;
     $("tokens-" + side).textContent = fmtInt(info.tokens);
     $("tokens-" + side).dataset.value = info.tokens == null ? "" : info.tokens;
-    $("frames-" + side).textContent = info.frames == null ? "–" : `${info.frames} at ${info.rate} fps`;
   }
+  // before: what the engine would sample from the source (its own rate is the source's fps);
+  // after: the rewritten video's frames and rate (the engine samples every one)
+  $("frames-before").textContent = b.frames == null ? "–"
+    : `${b.frames} sampled by the engine` + (b.rate ? ` · source ${b.rate} fps` : "") +
+      (b.seconds ? `, ${Number(b.seconds).toFixed(1)} s` : "");
+  $("frames-after").textContent = a.frames == null ? "–" : `${a.frames} at ${a.rate} fps`;
   if (!rw.rewritten) {
     $("saving").textContent = "Sent unchanged" + (rw.reason ? ": " + rw.reason : "");
     return;

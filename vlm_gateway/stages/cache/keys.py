@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ...core import headers as H
 from ...hashing import content_hash
 from .normalize import normalize_question
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 NEUTRAL_PARAMS = frozenset({"model", "messages", "stream", "stream_options", "user", "metadata", "store",
                             "service_tier", "request_id", "priority"})
 
-IMAGE_POLICY_HEADER = "x-vlm-gateway-image-policy"
+IMAGE_POLICY_HEADER = H.IMAGE_POLICY.name
 _Q = {"type": "text", "text": "\x00question"}  # stands for the last user question in the partition
 
 

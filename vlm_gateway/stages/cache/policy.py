@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from ...core import headers as H
+
 if TYPE_CHECKING:
     from ...config import CacheConfig
     from ...core.request import ChatRequest
 
-MODE_HEADER = "x-vlm-gateway-cache-mode"
+MODE_HEADER = H.CACHE_MODE.name
 
 
 class Decision(NamedTuple):

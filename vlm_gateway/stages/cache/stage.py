@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import Any
 
+from ...core import headers as H
 from ... import metrics, redis_keys
 from ...config import CacheConfig, GatewayConfig
 from ...core.request import ChatRequest
@@ -24,8 +25,8 @@ from .store import TieredStore
 
 log = logging.getLogger("vlm_gateway.cache")
 
-HEADER = "x-vlm-gateway-cache"
-SIMILARITY_HEADER = "x-vlm-gateway-cache-similarity"
+HEADER = H.CACHE.name
+SIMILARITY_HEADER = H.CACHE_SIMILARITY.name
 # the request's L3 keys; its question's embedding (a vector, or a future of one)
 KEYS: Slot[CacheKeys] = Slot("l3_keys")
 VECTOR: Slot[Any] = Slot("l3_vector")

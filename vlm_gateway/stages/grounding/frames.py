@@ -23,10 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...core import headers as H
 from ...vision_tokens import smart_resize
 from .conventions import Convention
 
-HEADER_PREFIX = "x-vlm-gateway-image-transform-"
+HEADER_PREFIX = H.IMAGE_TRANSFORM.nth("")
 
 
 def _num(v: float, digits: int = 2) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from ...core import headers as H
 from ...core.errors import BadRequest
 from ..auth import TENANT
 from .conventions import Convention, resolve
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from ..images.rewrite import Rewritten
     from ..images.source import Source
 
-HEADER = "x-vlm-gateway-grounding"
+HEADER = H.GROUNDING.name
 
 
 @dataclass(slots=True)

@@ -117,7 +117,8 @@ def sniff(data: bytes) -> str:
             return "avif"
         if brands & HEIF_BRANDS:
             if not HEIF:
-                raise _unsupported("HEIC/HEIF (this gateway was installed without its 'heif' extra)")
+                raise _unsupported("HEIC/HEIF (this gateway was installed without its 'heif' extra: "
+                                   "pip install -e '.[heif]' in its checkout)")
             return "heif"
         if brands & VIDEO_BRANDS:
             raise ImageError(f"this is an MP4/QuickTime video, not an image; send a frame as PNG or JPEG "

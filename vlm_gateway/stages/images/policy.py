@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ...core import headers as H
 from ...config import IMAGE_OVERRIDE_KEYS, ImagesConfig, SloConfig
 from ...core.errors import BadRequest
 
-POLICY_HEADER = "x-vlm-gateway-image-policy"
+POLICY_HEADER = H.IMAGE_POLICY.name
 # header value: the default budget, and under engine pressure text may go below its legibility floor
 BELOW_FLOOR = "below-floor"
 

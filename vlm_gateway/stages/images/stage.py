@@ -29,6 +29,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ...core import headers as H
 from ... import metrics
 from ...config import GatewayConfig, ImagesConfig, SloConfig
 from ...core.errors import BadRequest, GatewayError, Unavailable
@@ -52,12 +53,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vlm_gateway.images")
 
-TOKENS_HEADER = "x-vlm-gateway-visual-tokens"
+TOKENS_HEADER = H.VISUAL_TOKENS.name
 # per image, what was converted so the engine reads what a viewer shows (docs/IMAGES.md)
-CONVERTED_HEADER = "x-vlm-gateway-image-converted"
+CONVERTED_HEADER = H.IMAGE_CONVERTED.name
 # per image: the long-side decision (budget.Budget.header; "long_side=original" within the
 # pass-through size) and the SLO budget level it was made under, entries joined by ", "
-BUDGET_HEADER = "x-vlm-gateway-image-budget"
+BUDGET_HEADER = H.IMAGE_BUDGET.name
 _SMALL = 256 * 1024  # hash/decode bigger payloads in the pool
 _VERIFIED_ENTRIES = 16384
 OFF = Policy(enabled=False)
@@ -281,7 +282,7 @@ class ImageRewriter(Stage):
         model = req.model
         metrics.VISUAL_TOKENS.labels(model, "before").inc(before)
         metrics.VISUAL_TOKENS.labels(model, "after").inc(after)
-        metrics.VISUAL_TOKENS.labels(model, "saved").inc(max(0, before - after))
+        metrics.VISUAL_TOKENS_SAVED.labels(model).inc(max(0, before - after))
         for part, r, outcome in zip(req.images, results, outcomes):
             metrics.IMAGES.labels(outcome).inc()
             if r.budget is not None:

@@ -83,7 +83,7 @@ def _av():
     try:
         import av
     except ImportError:  # pragma: no cover - the extra is not installed
-        raise VideoError("video input needs PyAV on the gateway (the video extra: pip install '.[video]' in the gateway's checkout)",
+        raise VideoError("video input needs PyAV on the gateway (pip install -e . in the gateway's checkout)",
                          "video_unavailable") from None
     return av
 

@@ -13,8 +13,9 @@ fetched under the media policy):
 The pool is a bounded thread pool of its own (``video.pool_workers``, ``video.max_queue``:
 PyAV releases the GIL while FFmpeg works); a full pool answers 503 + Retry-After. Every
 ``VideoError`` becomes a 400 naming the part (``messages[i].content[j].video_url``) with
-its code; without PyAV the gateway answers 501 ``video_unavailable``: the request is
-valid, this gateway lacks the decoder (the log says so at start).
+its code; without PyAV (a core dependency, so only an install that lost it) the gateway
+answers 400 ``video_unavailable`` naming the command that installs it: a status SDKs do not
+retry, since retrying cannot help (the log says so at start).
 
 Not rewritten, and said so in the headers: ``video.enabled: false``, the request header
 ``x-vlm-gateway-video-policy: off`` (both forward the bytes as they came; with the header the
@@ -40,6 +41,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
+from ...core import headers as H
 from ... import metrics, redis_keys
 from ...config import ImagesConfig, VideoConfig
 from ...hashing import content_hash
@@ -64,9 +66,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vlm_gateway.video")
 
-TOKENS_HEADER = "x-vlm-gateway-video-tokens"
-DETAIL_HEADER = "x-vlm-gateway-video-"          # + 1-based index of the video in the request
-POLICY_HEADER = "x-vlm-gateway-video-policy"    # off | default
+TOKENS_HEADER = H.VIDEO_TOKENS.name
+DETAIL_HEADER = H.VIDEO.nth("")          # + 1-based index of the video in the request
+POLICY_HEADER = H.VIDEO_POLICY.name    # off | default
 AUTO_DECODE_THREADS = 8   # most FFmpeg threads one video gets from idle cores (video.decode_threads: 0)
 
 
@@ -79,6 +81,10 @@ class VideoSent:
     before: int = 0                  # prompt tokens of the source (0 = unknown)
     after: int = 0                   # prompt tokens of what is sent (0 = unknown)
     counted: bool = False
+
+
+# PyAV is a core dependency (pyproject.toml); the package is installed from its checkout
+INSTALL_PYAV = "install it with pip install -e . in the gateway's checkout, or pip install 'av>=14'"
 
 
 def pyav_available() -> bool:
@@ -126,8 +132,8 @@ class VideoRewriter(Hooks):
         self.available = pyav_available()
         if not self.available:
             log.warning("video.enabled is on but PyAV is not installed: video_url parts whose bytes the gateway "
-                        "holds are answered with 501 video_unavailable (the video extra: pip install '.[video]' in the checkout; or set "
-                        "video.enabled: false to forward videos untouched)")
+                        "holds are answered with 400 video_unavailable (%s; or set video.enabled: false to "
+                        "forward videos untouched)", INSTALL_PYAV)
 
     async def close(self) -> None:
         await self.l1.close()
@@ -226,8 +232,8 @@ class VideoRewriter(Hooks):
 
     async def _job(self, key: str, data: bytes, settings: VideoSettings, model: str) -> VideoEntry:
         if not self.available:
-            raise VideoError("this gateway cannot decode video (PyAV is not installed); ask the operator to "
-                             "install vlm-gateway[video] or to set video.enabled: false", "video_unavailable")
+            raise VideoError(f"this gateway cannot decode video: PyAV is not installed ({INSTALL_PYAV}, or set "
+                             "video.enabled: false to forward videos untouched)", "video_unavailable")
         entry = await self.pool.run(self._rewrite, data, settings, model)
         await self.l1.put(key, entry)
         metrics.VIDEO_REWRITE_SECONDS.observe(entry.wall_s)
@@ -284,7 +290,7 @@ class VideoRewriter(Hooks):
         if v.before:
             metrics.VIDEO_FRAMES.labels("in").inc(engine_frames(e, self.spec))
             metrics.VIDEO_TOKENS.labels(req.model, "before").inc(v.before)
-            metrics.VIDEO_TOKENS.labels(req.model, "saved").inc(max(0, v.before - v.after))
+            metrics.VIDEO_TOKENS_SAVED.labels(req.model).inc(max(0, v.before - v.after))
         metrics.VIDEO_TOKENS.labels(req.model, "after").inc(v.after)
 
     def _headers(self, req: "ChatRequest") -> None:
@@ -333,9 +339,8 @@ def describe(param: str, v: VideoSent, spec: VideoProcessorSpec = QWEN3_VL) -> s
 
 def _refusal(part: "MediaPart", e: VideoError) -> GatewayError:
     metrics.VIDEOS.labels("refused").inc()
-    if e.code == "video_unavailable":
-        return GatewayError(f"Cannot read the video at {part.param}: {e}", param=part.param, code=e.code,
-                            status=501, type="server_error")
+    if e.code == "video_unavailable":  # the gateway's install, not the video: a 4xx no SDK retries
+        return BadRequest(f"Cannot read the video at {part.param}: {e}", param=part.param, code=e.code)
     return BadRequest(f"Invalid video at {part.param}: {e}", param=part.param, code=e.code)
 
 
