@@ -407,3 +407,44 @@ def test_state_of_absolute_coordinates_for_images_never_seen():
     assert not plan.needs_transform and plan.key() == "sent:url"
     plan = P.GroundingPlan(Q3, mapping=True, frames=[None], maps=[image_map(None, Q3)])
     assert plan.state == "convention=qwen3-vl; mapping=on" and plan.key() == "client"
+
+
+# -- finding by literal = the regex tried everywhere ---------------------------------------------------
+
+_PIECES = ['{"bbox_2d": [1, 2, 3, 4]}', "'point_2d': [5, 6]", '"bbox_2d": [1, 2', "<|box_start|>(1,2),(3,4)<|box_end|>",
+           "<|quad_start|>(1,2),(3,4),(5,6),(7,8)<|quad_end|>", '<points x1="1" y1="2" alt="a">', '<points alt="',
+           "Image 2:", "image#3", "Picture no. 1", "图2", "第 1 张", "screenshot 12", "İmage 1", "myimage 1", '"', "'",
+           "<", " ", "x", "9" * 40, "bbox_2d", "point_2d", "<|box_start|>", "<points", "IMG 4.5", "photo 7."]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=30))
+def test_groups_and_markers_found_by_their_literals_are_the_regex_matches(pieces):
+    from vlm_gateway.stages.grounding.text import GROUP, MARKER, markers, groups
+    s = "".join(pieces)
+    assert [m.span() for m in groups(s)] == [m.span() for m in GROUP.finditer(s)]
+    assert [m.span() for m in markers(s)] == [m.span() for m in MARKER.finditer(s)]
+
+
+def test_numbers_outside_the_frame_or_too_long_leave_their_group_as_written():
+    m = Mapper(Attribution(M3, [M3]))
+    odd = ['{"bbox_2d": [%s, 10, 20, 30]}' % ("9" * 400), '{"bbox_2d": [-1, 10, 20, 30]}',
+           '{"point_2d": [1000.5, 3]}', '{"point_2d": [0.%s, 3]}' % ("1" * 40), "<|box_start|>(1,2),(3,-4)<|box_end|>"]
+    text = " ".join(odd) + ' {"point_2d": [1000, 0]}'
+    assert m.text(text) == " ".join(odd) + ' {"point_2d": [%d, %d]}' % mapped(1000, 0)
+    assert (m.counts.mapped, m.counts.unmappable) == (1, len(odd))
+    # the other way (the conversation, client frame -> model frame) alike
+    f = Mapper(Attribution(M3, [M3]), forward)
+    assert f.text('{"point_2d": [1001, 5]}') == '{"point_2d": [1001, 5]}' and f.counts.unmappable == 1
+
+
+def test_the_groups_limit_maps_the_first_and_keeps_the_rest_whole_or_streamed():
+    from vlm_gateway.stages.grounding.text import Counts
+    text = " ".join('{"point_2d": [%d, 10]}' % i for i in range(10))
+    want = " ".join(('{"point_2d": [%d, %d]}' % mapped(i, 10)) if i < 4 else '{"point_2d": [%d, 10]}' % i
+                    for i in range(10))
+    whole = Mapper(Attribution(M3, [M3]), counts=Counts(limit=4))
+    assert whole.text(text) == want and whole.counts.over and whole.counts.mapped == 4
+    for step in (1, 5, 13):
+        m = Mapper(Attribution(M3, [M3]), counts=Counts(limit=4))
+        assert stream_through(m, text, list(range(0, len(text), step))) == want and m.counts.over
