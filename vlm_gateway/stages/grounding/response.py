@@ -15,7 +15,7 @@ choices) pass through as they are.
 An answer whose groups pass the mapper's limit (``Counts.limit``) keeps the rest as the model
 wrote it; the transform says so once: ``on_over`` (the stage's header, for a complete answer)
 and, in a stream, whose headers are gone, an SSE comment ``LIMIT_COMMENT`` where it happened.
-Large inputs (over ``offload.INLINE_BYTES``) are mapped on the text thread.
+Large inputs (``text.heavy``: many groups, or long) are mapped on the text thread.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable, Protocol
 import orjson
 
 from ... import offload
-from .text import Counts
+from .text import Counts, heavy
 
 # choices of one answer mapped at most (OpenAI's own bound on ``n``); others pass as they are
 MAX_CHOICES = 128
@@ -42,13 +42,6 @@ class TextMapper(Protocol):
     # True while feeding text without '"', "'" or '<' returns it unchanged and changes nothing
     @property
     def idle(self) -> bool: ...
-
-
-def _may_change(data: bytes) -> bool:
-    """Whether serialised chunks could hold the start of a group: in JSON such content shows
-    one of these bytes (a quote inside a string is escaped, other escapes of '<' or of quotes
-    start with a backslash-u)."""
-    return b'\\"' in data or b"'" in data or b"<" in data or b"\\u" in data or b"\r" in data
 
 
 class StreamTransform:
@@ -68,10 +61,15 @@ class StreamTransform:
         self.told = False
 
     def _idle(self) -> bool:
-        return self.idle_new and all(m.idle for m in self.mappers.values())
+        if not self.idle_new:
+            return False
+        for m in self.mappers.values():
+            if not m.idle:
+                return False
+        return True
 
     async def feed(self, events: bytes) -> bytes:
-        if len(events) > offload.INLINE_BYTES and (_may_change(events) or not self._idle()):
+        if heavy(events) and not (self.counts.over and not any(m.pending for m in self.mappers.values())):
             return await offload.run(self.feed_sync, events)
         return self.feed_sync(events)
 
@@ -80,8 +78,11 @@ class StreamTransform:
 
     def feed_sync(self, events: bytes) -> bytes:
         """Whole events (each ending with its blank line) in, the events to send out."""
-        # Fast path: no content that could start a group and no text held: passed unparsed.
-        if not _may_change(events) and self._idle():
+        # Fast path: no content that could start a group and no text held: passed unparsed (in
+        # JSON such content shows one of these bytes: a quote inside a string is escaped, other
+        # escapes of '<' or of quotes start with a backslash-u).
+        if not (b'\\"' in events or b"'" in events or b"<" in events or b"\\u" in events or b"\r" in events) \
+                and self._idle():
             return events
         if self.counts.over and not any(m.pending for m in self.mappers.values()):
             return events  # past the limit, nothing held: as it is
@@ -118,7 +119,8 @@ class StreamTransform:
         return b"".join(out)
 
     def _event(self, ev: bytes) -> bytes:
-        if b"data:" not in ev or (not _may_change(ev) and self._idle()):
+        if b"data:" not in ev or (not (b'\\"' in ev or b"'" in ev or b"<" in ev or b"\\u" in ev)
+                                  and self._idle()):
             return ev + b"\n\n"  # the same test as feed's, per event
         lines = ev.split(b"\n")
         changed = False
@@ -189,8 +191,7 @@ class ResponseTransform:
         self.on_over = on_over
 
     async def completion(self, completion: dict) -> bool:
-        size = sum(len(c) for c in _contents(completion))
-        if size > offload.INLINE_BYTES:
+        if any(heavy(c) for c in _contents(completion)):
             return await offload.run(self.completion_sync, completion)
         return self.completion_sync(completion)
 

@@ -14,8 +14,8 @@ before routing), and once a backend is chosen (``before_send``):
   ``max_coordinate_groups`` groups of the answer mapped); a request whose maps are all
   identities keeps the relay's plain byte path.
 
-Counting and mapping a conversation longer than ``offload.INLINE_BYTES`` runs on the text
-thread, off the event loop.
+Counting and mapping a conversation that is long or holds many groups (``text.heavy``) runs on
+the text thread, off the event loop.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ...core.request import ChatRequest
 from ...core.stage import Stage
 from .plan import HEADER, GroundingPlan, derive, for_backend
 from .response import ResponseTransform
-from .text import Counts, Mapper, back, count_groups, forward
+from .text import INLINE_CHARS, OFFLOAD_CHARS, Counts, Mapper, back, count_groups, forward, heavy
 
 log = logging.getLogger("vlm_gateway.grounding")
 
@@ -56,7 +56,7 @@ class GroundingStage(Stage):
         req.subscribe(self)
         if plan.mapping and any(m is not None for m in plan.maps):
             texts = [t for *_, t in _history_texts(req)]
-            if sum(map(len, texts)) > offload.INLINE_BYTES:
+            if _heavy(texts):
                 n = await offload.run(count_groups, texts, self.max_groups, refusable=True)
             else:
                 n = count_groups(texts, self.max_groups)
@@ -73,7 +73,7 @@ class GroundingStage(Stage):
         cap = (backend.profile or {}).get("image_max_pixels")
         derive(req, plan, for_backend(plan.convention, int(cap) if isinstance(cap, int) else 0))
         plan.cacheable = plan.key() == plan.frame_key
-        if plan.history_groups and sum(len(t) for *_, t in _history_texts(req)) > offload.INLINE_BYTES:
+        if plan.history_groups and _heavy([t for *_, t in _history_texts(req)]):
             await offload.run(history, req, plan, self.max_groups, refusable=True)
         else:
             history(req, plan, self.max_groups)
@@ -90,6 +90,14 @@ class GroundingStage(Stage):
                                                        on_over=over)
         else:
             req.response_transform = None
+
+
+def _heavy(texts: list[str]) -> bool:
+    """Whether counting or mapping these texts is work for the text thread (``text.heavy``)."""
+    total = sum(map(len, texts))
+    if total <= INLINE_CHARS or total > OFFLOAD_CHARS:
+        return total > INLINE_CHARS
+    return heavy("\n".join(texts))
 
 
 def _history_texts(req: ChatRequest) -> Iterator[tuple[int, int, int, str]]:

@@ -69,6 +69,26 @@ _NONE = 1 << 62
 
 PairFn = Callable[[ImageMap, float, float], "tuple[float, float] | None"]
 
+# Mapping a text goes to the text thread (``offload``) when it would hold the event loop more than
+# a couple of milliseconds (~25 us a group, ~1 ms per 256 KiB scanned); below INLINE_CHARS it
+# stays on the loop uncounted: a thread hop costs more than the work.
+INLINE_CHARS = 8192
+OFFLOAD_GROUPS = 64
+OFFLOAD_CHARS = 256 * 1024
+_HITS = ("_2d", "_start|", "<points")  # in every group: bbox_2d/point_2d, <|box_start|>/<|quad_start|>
+_HITS_B = tuple(h.encode() for h in _HITS)  # the same in serialised chunks (escaping leaves them whole)
+
+
+def heavy(text: str | bytes) -> bool:
+    """Whether mapping ``text`` (answer or conversation text, or serialised SSE events) is work
+    for the text thread rather than the event loop."""
+    if len(text) <= INLINE_CHARS:
+        return False
+    if len(text) > OFFLOAD_CHARS:
+        return True
+    hits = _HITS_B if isinstance(text, bytes) else _HITS
+    return sum(text.count(h) for h in hits) > OFFLOAD_GROUPS
+
 
 def back(m: ImageMap, x: float, y: float) -> tuple[float, float] | None:
     """Model frame -> client frame; None for a point outside the model's frame."""
@@ -163,11 +183,22 @@ def count_groups(texts: Iterable[str], limit: int = 0) -> int:
     return n
 
 
-def _stream_split(s: str) -> tuple[list[re.Match], int]:
+# below this a stream's text is searched with the partial regex itself (one call is cheaper than
+# the literal search's bookkeeping on a delta of a few characters); above it by literal
+_SHORT = 2 * MAX_HOLD
+
+
+def _stream_split(s: str) -> tuple[list, int]:
     """A stream's text so far: its complete groups, and where the tail that could still become
     a group starts (``len(s)`` when none could, or when it would be held past ``MAX_HOLD``)."""
     out: list = []
-    for g in _scan(s, partial=True):
+    if len(s) <= _SHORT:
+        for g in GROUP.finditer(s, partial=True):
+            if g.partial:
+                return out, g.start() if len(s) - g.start() <= MAX_HOLD else len(s)
+            out.append(g)
+        return out, len(s)
+    for g in _scan(s, partial=True):  # long: search by literal
         if getattr(g, "partial", False):
             return out, g.start() if len(s) - g.start() <= MAX_HOLD else len(s)
         out.append(g)
@@ -346,7 +377,7 @@ class Mapper:
             return self._map(s, ()) if self.attr.common is None else s
         found, hold = _stream_split(s)
         self.pending = s[hold:]
-        out = self._map(s[:hold], found)
+        out = self._map(s[:hold], found) if found or self.attr.common is None else s[:hold]
         if self.counts.over and self.pending:
             out, self.pending = out + self.pending, ""
         return out
