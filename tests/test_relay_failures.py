@@ -468,3 +468,23 @@ def test_a_complete_answer_of_odd_shapes_passes_as_it_came():
         finally:
             await gw.close()
     asyncio.run(go())
+
+
+def test_the_text_thread_refuses_new_conversations_past_its_queue_but_never_an_answer():
+    import threading
+
+    from vlm_gateway import offload
+    from vlm_gateway.core.errors import Unavailable
+
+    async def go():
+        gate = threading.Event()
+        jobs = [asyncio.ensure_future(offload.run(gate.wait, 10)) for _ in range(offload.MAX_WAITING + 1)]
+        await async_wait_until(lambda: offload.jobs() == offload.MAX_WAITING + 1, "the jobs are queued")
+        with pytest.raises(Unavailable) as e:  # a conversation to map: 503, retry shortly
+            await offload.run(len, "x", refusable=True)
+        assert e.value.code == "text_work_busy" and e.value.headers["retry-after"] == "1"
+        answer = asyncio.ensure_future(offload.run(len, "an answer"))  # an answer waits its turn
+        gate.set()
+        assert await answer == len("an answer") and all(await asyncio.gather(*jobs))
+        await async_wait_until(lambda: offload.jobs() == 0, "every job is done")
+    asyncio.run(go())

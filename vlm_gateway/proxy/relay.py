@@ -3,8 +3,12 @@
 ``open`` picks a backend, runs the ``before_send`` hooks for it and sends; a
 connect error or a 5xx before the first byte is retried on the next-best backend
 (``routing.max_retries``). Streams are relayed chunk by chunk as they arrive,
-with SSE keepalive comments while the first byte is awaited; after the first
-byte nothing is retried and a failure becomes an in-stream error event.
+with SSE keepalive comments while the first byte is awaited: each read is framed
+into whole events (``upstream.max_sse_event_bytes`` checked), then goes through the
+request's response transform, then the watcher, then to the client. After the first
+byte nothing is retried and a failure becomes an in-stream error event (the endpoint
+ends a stream that any other exception interrupts the same way). Each attempt's
+backend slot is owned by a ``Lease`` that is released exactly once, whatever raises.
 
 A backend is trusted with nothing it could use against the gateway: redirects are
 never followed (the prompt is never re-posted elsewhere; a 3xx is a failure and is
@@ -49,16 +53,21 @@ class ClientGone(Exception):
     """Sending to the client failed: it went away, nothing more can reach it."""
 
 
-# what HTTP/1.1 allows in a header (RFC 9110 token names; values without control characters)
-_BAD_NAME = re.compile(rb"[^!#$%&'*+\-.^_`|~0-9A-Za-z]")
+# what HTTP/1.1 allows in a header: RFC 9110 token characters in names, no control characters
+# (but tab) in values
+_TOKEN = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _bad(name: bytes, value: bytes) -> bool:
+    return bool(name.translate(None, _TOKEN)) or _BAD_VALUE.search(value) is not None
 
 
 def check_headers(headers: list[tuple[bytes, bytes]]) -> None:
     """ValueError naming the first header HTTP cannot carry (checked before anything is sent:
     a server that refuses it after the status line would cut the connection instead)."""
-    if _BAD_VALUE.search(b"".join(v for _, v in headers)) or any(not k or _BAD_NAME.search(k) for k, _ in headers):
-        bad = next(k for k, v in headers if not k or _BAD_NAME.search(k) or _BAD_VALUE.search(v))
+    if _BAD_VALUE.search(b"".join([v for _, v in headers])) or b"".join([k for k, _ in headers]).translate(None, _TOKEN):
+        bad = next(k for k, v in headers if _bad(k, v))
         raise ValueError(f"response header {bad[:64]!r} cannot be sent (a control character or a bad name)")
 
 

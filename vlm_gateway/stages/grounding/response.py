@@ -47,12 +47,13 @@ class TextMapper(Protocol):
 class StreamTransform:
     """One relayed stream: whole events in (``feed``), the same events out, then ``close``."""
 
-    __slots__ = ("make", "on_done", "counts", "mappers", "base", "idle_new", "told")
+    __slots__ = ("make", "on_done", "on_over", "counts", "mappers", "base", "idle_new", "told")
 
     def __init__(self, make: Callable[[], TextMapper], on_done: Callable[[], None] | None = None,
-                 counts: Counts | None = None) -> None:
+                 counts: Counts | None = None, on_over: Callable[[], None] | None = None) -> None:
         self.make = make
         self.on_done = on_done
+        self.on_over = on_over
         first = make()
         self.counts = counts if counts is not None else first.counts
         self.mappers: dict[int, TextMapper] = {}
@@ -96,6 +97,8 @@ class StreamTransform:
         if self.counts.over and not self.told:
             self.told = True
             out += LIMIT_COMMENT
+            if self.on_over is not None:
+                self.on_over()
         return out
 
     def close_sync(self) -> bytes:
@@ -215,7 +218,7 @@ class ResponseTransform:
         return changed
 
     def stream(self) -> StreamTransform:
-        return StreamTransform(self.make, self.on_done, self.counts)
+        return StreamTransform(self.make, self.on_done, self.counts, self.on_over)
 
 
 def _contents(completion: dict):

@@ -81,7 +81,7 @@ class GroundingStage(Stage):
             attr = plan.attribution()
             counts = plan.counts = Counts(limit=self.max_groups)  # this answer's groups
 
-            def over() -> None:  # a complete answer's header says so (a stream: an SSE comment)
+            def over() -> None:  # a complete answer's header says so (a stream: an SSE comment too)
                 req.response_headers[HEADER] = plan.state
                 log.warning("request %s: the answer holds more than %d coordinate groups "
                             "(images.max_coordinate_groups); the rest is left as the model wrote it",

@@ -29,6 +29,7 @@ so other text is never delayed by more than one group's span.
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 from dataclasses import dataclass, field
@@ -143,26 +144,29 @@ def _next_start(s: str, k: int, pos: int) -> int:
 
 def _scan(s: str, partial: bool = False) -> Iterator["re.Match | regex.Match"]:
     """The complete groups of ``s`` in order (what ``GROUP.finditer(s)`` finds), tried only where a
-    group's literal occurs. With ``partial``, a candidate that is the beginning of a group running
-    to the end of ``s`` is yielded last (a ``regex`` match with ``partial`` set)."""
-    found = [_next_start(s, k, 0) for k in range(len(_LITERALS))]
-    while True:
-        st = min(found)
-        if st == _NONE:
-            return
-        k = found.index(st)
-        m = _WHOLE.match(s, st)
-        if m is not None:
-            yield m
-            end = m.end()
-            found = [f if f >= end else _next_start(s, j, end) for j, f in enumerate(found)]
-            continue
-        if partial:
-            p = GROUP.match(s, st, partial=True)
-            if p is not None and p.partial:
-                yield p
-                return
-        found[k] = _next_start(s, k, st + 1)
+    group's literal occurs (the next start of each literal kept in a heap). With ``partial``, a
+    candidate that is the beginning of a group running to the end of ``s`` is yielded last (a
+    ``regex`` match with ``partial`` set)."""
+    heap = [(st, k) for k in range(len(_LITERALS)) if (st := _next_start(s, k, 0)) != _NONE]
+    heapq.heapify(heap)
+    end = 0
+    while heap:
+        st, k = heap[0]
+        if st >= end:  # not inside the group found last
+            m = _WHOLE.match(s, st)
+            if m is not None:
+                yield m
+                end = m.end()
+            elif partial:
+                p = GROUP.match(s, st, partial=True)
+                if p is not None and p.partial:
+                    yield p
+                    return
+        nxt = _next_start(s, k, max(end, st + 1))
+        if nxt == _NONE:
+            heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, (nxt, k))
 
 
 def groups(s: str) -> Iterator[re.Match]:
