@@ -26,6 +26,7 @@ import asyncio
 import base64
 import concurrent.futures
 import datetime as dt
+import json
 import os
 import platform
 import re
@@ -181,6 +182,7 @@ def main() -> None:
     ap.add_argument("--compare", default="", help="checkout whose gateway shows the previous behaviour")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--finder", action="store_true", help="time the group and marker search only")
+    ap.add_argument("--out", default="", help="write the runs as JSON here")
     args = ap.parse_args()
     if args.finder:
         finder(args.reps)
@@ -214,6 +216,11 @@ def main() -> None:
         med = [statistics.median(r[i] for r in rs) for i in range(1, 5)]
         print(f"| {name} | {which} | {'/'.join(sorted({str(r[0]) for r in rs}))} | {med[0]:.2f} | {med[1]:.2f} | {med[2] * 1e3:.1f} | "
               f"{med[3] * 1e3:.0f} |")
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "reps": args.reps, "date": str(dt.date.today()), "load_average": os.getloadavg()[0],
+            "fields": ["status", "wall_s", "gateway_cpu_s", "health_p50_s", "health_max_s"],
+            "runs": [{"case": name, "gateway": which, "runs": rs} for (name, which), rs in rows.items()]}, indent=1))
     print(f"\nmedians of {args.reps} runs, before/after interleaved; {platform.machine()} {os.cpu_count()} cores; "
           f"load average {os.getloadavg()[0]:.1f}; {dt.date.today()}")
 
