@@ -2,7 +2,7 @@
 and what the mapping costs on the stream path.
 
     python benchmarks/grounding.py accuracy [--scenes 30] [--before-src /path/to/old/checkout]
-    python benchmarks/grounding.py overhead [--requests 300]
+    python benchmarks/grounding.py overhead [--requests 300] [--compare /path/to/old/checkout]
 
 accuracy -- seeded screenshots (a window on a flat desktop, 1366x768 to 3840x2160, terminal-
 like narrow windows among them) with 2-4 colour targets each. The simulator in grounding mode
@@ -22,7 +22,8 @@ error of a coordinate is |read - truth| / that side of the client's image. Colum
 overhead -- one gateway in front of a zero-delay upstream that streams a grounding answer (and
 the same answer as plain prose) for a 1920x1080 screenshot request; the gateway's CPU time per
 request with the mapping off (the relay's byte path) and on (events re-framed and mapped), in
-interleaved rounds; plus the transform alone in process (CPU per chunk).
+interleaved rounds; plus the transform alone in process (CPU per chunk). ``--compare DIR`` runs
+the same cells through a second gateway from DIR's package (e.g. the previous commit), interleaved.
 """
 
 from __future__ import annotations
@@ -326,8 +327,8 @@ def overhead(args) -> None:
             for _ in range(200):
                 tf = StreamTransform(lambda: Mapper(Attribution(m, [m])))
                 for e in events:
-                    tf.feed(e)
-                tf.close()
+                    tf.feed_sync(e)
+                tf.close_sync()
             per.append((time.process_time() - t) / 200)
         med = statistics.median(per)
         print(f"| {kind} | {len(events)} | {med * 1e6:.0f} us | {med / len(events) * 1e6:.2f} us |")
@@ -338,11 +339,15 @@ def overhead(args) -> None:
     procs = Procs()
     try:
         time.sleep(0.5)
-        url, gw = procs.gateway([("qwen3vl-bench", f"http://127.0.0.1:{port}/v1")], cpu=args.cpu)
+        gateways = {"": procs.gateway([("qwen3vl-bench", f"http://127.0.0.1:{port}/v1")], cpu=args.cpu)}
+        if args.compare:  # the same cells through an older checkout's gateway, interleaved
+            gateways["before"] = procs.gateway([("qwen3vl-bench", f"http://127.0.0.1:{port}/v1")],
+                                               pythonpath=args.compare, cpu=args.cpu)
         uri = "data:image/png;base64," + base64.b64encode(png).decode()
         client = httpx.Client(timeout=30)
 
-        def one(kind: str, mapping: bool) -> float:
+        def one(kind: str, mapping: bool, which: str = "") -> float:
+            url = gateways[which][0]
             body = {"model": "qwen3vl-bench", "stream": True, "max_tokens": 2000, "messages": [{"role": "user",
                     "content": [{"type": "text", "text": "prose please" if kind == "prose" else "Box every marker."},
                                 {"type": "image_url", "image_url": {"url": uri}}]}]}
@@ -355,7 +360,7 @@ def overhead(args) -> None:
                 assert r.headers["x-vlm-gateway-grounding"].endswith("mapping=on" if mapping else "reason=request")
             return time.perf_counter() - t
 
-        cells = [(k, mp) for k in ("grounding", "prose") for mp in (False, True)]
+        cells = [(k, mp, w) for k in ("grounding", "prose") for mp in (False, True) for w in gateways]
         for c in cells:  # warm up: L1 holds both rewrites
             for _ in range(20):
                 one(*c)
@@ -364,20 +369,27 @@ def overhead(args) -> None:
         rounds = 10
         for _ in range(rounds):
             for c in cells:
-                t0 = cpu_seconds(gw.pid)
+                pid = gateways[c[2]][1].pid
+                t0 = cpu_seconds(pid)
                 lat = [one(*c) for _ in range(args.requests // rounds)]
-                cpu[c].append((cpu_seconds(gw.pid) - t0) / len(lat))
+                cpu[c].append((cpu_seconds(pid) - t0) / len(lat))
                 wall[c] += lat
     finally:
         procs.stop()
         os.killpg(upstream.pid, signal.SIGTERM)
-    print("\n| answer | mapping | gateway CPU per request (median of rounds) | latency p50 | p99 |")
-    print("|---|---|---|---|---|")
+    print("\n| answer | mapping | gateway | gateway CPU per request (median of rounds) | latency p50 | p99 |")
+    print("|---|---|---|---|---|---|")
     for c in cells:
         lat = sorted(wall[c])
-        print(f"| {c[0]} ({len(answers[c[0]])} chunks) | {'on' if c[1] else 'off'} | "
+        print(f"| {c[0]} ({len(answers[c[0]])} chunks) | {'on' if c[1] else 'off'} | {c[2] or 'this checkout'} | "
               f"{statistics.median(cpu[c]) * 1e3:.3f} ms | {lat[len(lat) // 2] * 1e3:.2f} ms | "
               f"{lat[int(0.99 * (len(lat) - 1))] * 1e3:.2f} ms |")
+    if args.compare:
+        print("\n| answer | mapping | CPU this checkout / before |\n|---|---|---|")
+        for k in ("grounding", "prose"):
+            for mp in (False, True):
+                a, b = (statistics.median(cpu[(k, mp, w)]) for w in ("", "before"))
+                print(f"| {k} | {'on' if mp else 'off'} | {a / b:.3f} |")
     print(f"\n{args.requests} requests per cell in {rounds} interleaved rounds; gateway "
           f"{'pinned to CPU ' + args.cpu if args.cpu else 'unpinned'}; {platform.machine()} {os.cpu_count()} cores; "
           f"{dt.date.today()}")
@@ -396,6 +408,7 @@ def main() -> None:
     o = sub.add_parser("overhead")
     o.add_argument("--requests", type=int, default=300)
     o.add_argument("--cpu", default=None, help="pin the gateway to this CPU (taskset)")
+    o.add_argument("--compare", default="", help="checkout whose gateway runs the same cells (before/after)")
     o.set_defaults(func=overhead)
     args = p.parse_args()
     args.func(args)

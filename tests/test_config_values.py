@@ -92,6 +92,7 @@ BAD: dict[str, typing.Any] = {
     "images.max_queue": -1,
     "images.max_queue_wait_ms": -1,
     "images.max_threads_per_image": 0,
+    "images.max_coordinate_groups": 0,
     "images.models": {"qwen": {"max_long_sidee": 512}},
     "images.budget": "smart",
     "images.text_max_long_side": 16,  # below grid_factor (32)

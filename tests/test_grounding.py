@@ -29,6 +29,7 @@ from vlm_gateway.stages.images.rewrite import rewrite_bytes
 from vlm_gateway.stages.images.source import Source
 from vlm_gateway.core.errors import BadRequest
 from vlm_gateway.core.request import ChatRequest, ImagePart
+from vlm_gateway.proxy.sse import StreamWatcher
 
 Q3, Q25 = BUILTIN["qwen3-vl"], BUILTIN["qwen2.5-vl"]
 WINDOW = Frame(1920, 1080, 260, 140, 1660, 940, 768, 448)  # a 1400x800 window, downscaled
@@ -93,7 +94,7 @@ def test_maps_relative_and_absolute():
 
 M3 = image_map(WINDOW, Q3)
 SAMPLE = ('Found them:\n```json\n[\n  {"bbox_2d": [100, 200, 300, 400], "label": "save \\"button\\""},\n'
-          "  {'point_2d': [500.5, -1]},\n  {\"bbox_2d\": [ 0 ,0,1000 , 1000 ]}\n]\n```\n"
+          "  {'point_2d': [500.5, 7]},\n  {\"bbox_2d\": [ 0 ,0,1000 , 1000 ]}\n]\n```\n"
           "<|object_ref_start|>a dog<|object_ref_end|><|box_start|>(10,20),(30,40)<|box_end|> "
           "<|quad_start|>(1,2),(3,4),(5,6),(7,8)<|quad_end|> "
           '<points x1="100" y1="50" x2="900" y2="950" alt="two">two</points>\n'
@@ -112,8 +113,8 @@ def test_every_format_is_mapped_and_the_rest_kept_byte_for_byte():
     x1, y1 = mapped(100, 200)
     x2, y2 = mapped(300, 400)
     assert f'{{"bbox_2d": [{x1}, {y1}, {x2}, {y2}], "label": "save \\"button\\""}}' in out
-    px, py = M3.back(500.5, -1)
-    assert f"{{'point_2d': [{px:.1f}, {int(py + 0.5)}]}}" in out  # decimals kept, negatives mapped
+    px, py = M3.back(500.5, 7)
+    assert f"{{'point_2d': [{px:.1f}, {int(py + 0.5)}]}}" in out  # decimals kept
     assert '{"bbox_2d": [ %d ,%d,%d , %d ]}' % (*mapped(0, 0), *mapped(1000, 1000)) in out
     assert "<|box_start|>(%d,%d),(%d,%d)<|box_end|>" % (*mapped(10, 20), *mapped(30, 40)) in out
     assert "<|quad_start|>(%d,%d),(%d,%d),(%d,%d),(%d,%d)<|quad_end|>" % (
@@ -221,6 +222,16 @@ def make_mapper():
     return Mapper(Attribution(M3, [M3]))
 
 
+def relayed(tf: StreamTransform, upstream: bytes, size: int) -> bytes:
+    """``upstream`` in reads of ``size`` bytes, framed into whole events as the relay frames them
+    (proxy/sse.py), through ``tf``."""
+    w = StreamWatcher(assemble=False)
+    out = [tf.feed_sync(ev) for i in range(0, len(upstream), size) if (ev := w.frame(upstream[i:i + size]))]
+    if rest := w.rest():
+        out.append(tf.feed_sync(rest + b"\n\n"))
+    return b"".join(out) + tf.close_sync()
+
+
 def test_sse_transform_split_anywhere():
     pieces = [SAMPLE[i:i + 3] for i in range(0, len(SAMPLE), 3)]
     upstream = (b": keepalive\n\n" + chunk("", None) + b"".join(chunk(p) for p in pieces) + chunk(None, "stop") +
@@ -228,8 +239,7 @@ def test_sse_transform_split_anywhere():
                 b"data: [DONE]\n\n")
     want = make_mapper().text(SAMPLE)
     for size in (1, 7, 64, len(upstream)):
-        tf = StreamTransform(make_mapper)
-        out = b"".join(tf.feed(upstream[i:i + size]) for i in range(0, len(upstream), size)) + tf.close()
+        out = relayed(StreamTransform(make_mapper), upstream, size)
         assert sse_text(out) == {0: want}
         assert out.startswith(b": keepalive\n\n") and out.endswith(b"data: [DONE]\n\n")
         assert b'"usage":{"prompt_tokens":3}' in out
@@ -238,14 +248,14 @@ def test_sse_transform_split_anywhere():
 def test_sse_unchanged_events_keep_their_bytes_and_errors_pass():
     up = chunk("hello ") + chunk("world") + b'data: {"error": {"message": "boom"}}\n\ndata: {not json\n\n'
     tf = StreamTransform(make_mapper)
-    assert tf.feed(up) == up
+    assert tf.feed_sync(up) == up
 
 
 def test_sse_held_text_released_without_finish_and_per_choice():
     tf = StreamTransform(make_mapper)
     up = chunk('A {"point_2d": [0, 0', index=0) + chunk('B {"point_2d": [1000, 1000', index=1) + \
         chunk("]}", index=1) + b"data: [DONE]\n\n"
-    out = tf.feed(up) + tf.close()
+    out = tf.feed_sync(up) + tf.close_sync()
     got = sse_text(out)
     assert got[1] == 'B {"point_2d": [%d, %d]}' % mapped(1000, 1000)
     assert got[0] == 'A {"point_2d": [0, 0'  # never completed: released as is, before [DONE]
@@ -253,18 +263,17 @@ def test_sse_held_text_released_without_finish_and_per_choice():
 
 
 def test_sse_crlf_and_trailing_event_without_blank_line():
-    tf = StreamTransform(make_mapper)
     up = chunk('{"point_2d": [0, 0]}').replace(b"\n\n", b"\r\n\r\n") + chunk(None, "stop")[:-2]
-    out = tf.feed(up) + tf.close()
+    out = relayed(StreamTransform(make_mapper), up, len(up))
     assert sse_text(out) == {0: '{"point_2d": [%d, %d]}' % mapped(0, 0)}
 
 
 def test_completion_transform():
     c = {"choices": [{"index": 0, "message": {"role": "assistant", "content": SAMPLE}},
                      {"index": 1, "message": {"role": "assistant", "content": None, "tool_calls": []}}]}
-    assert ResponseTransform(make_mapper).completion(c)
+    assert ResponseTransform(make_mapper).completion_sync(c)
     assert c["choices"][0]["message"]["content"] == make_mapper().text(SAMPLE)
-    assert not ResponseTransform(make_mapper).completion({"choices": [{"message": {"content": "no groups"}}]})
+    assert not ResponseTransform(make_mapper).completion_sync({"choices": [{"message": {"content": "no groups"}}]})
 
 
 # -- the plan ------------------------------------------------------------------------------------------
@@ -361,12 +370,11 @@ def test_sse_fast_path_passes_reads_without_a_possible_group_unparsed():
     upstream = b"".join(prose + group) + chunk(None, "stop") + b"data: [DONE]\n\n"
     want = "The window shows a toolbar" + 'Save is at {"point_2d": [%d, %d]}' % mapped(500, 500)
     for size in (1, 3, 17, 50, 200):
-        tf = StreamTransform(make_mapper)
-        out = b"".join(tf.feed(upstream[i:i + size]) for i in range(0, len(upstream), size)) + tf.close()
+        out = relayed(StreamTransform(make_mapper), upstream, size)
         assert sse_text(out) == {0: want}, size
     tf = StreamTransform(make_mapper)
-    assert tf.feed(prose[0] + prose[1][:20]) == prose[0]  # whole events out, the partial one kept
-    assert tf.feed(prose[1][20:]) == prose[1]
+    events = prose[0] + prose[1]
+    assert tf.feed_sync(events) is events  # nothing that could start a group: passed unparsed
 
 
 def test_history_maps_into_the_sent_frame_by_marker_and_is_restored_on_retry():
@@ -399,3 +407,44 @@ def test_state_of_absolute_coordinates_for_images_never_seen():
     assert not plan.needs_transform and plan.key() == "sent:url"
     plan = P.GroundingPlan(Q3, mapping=True, frames=[None], maps=[image_map(None, Q3)])
     assert plan.state == "convention=qwen3-vl; mapping=on" and plan.key() == "client"
+
+
+# -- finding by literal = the regex tried everywhere ---------------------------------------------------
+
+_PIECES = ['{"bbox_2d": [1, 2, 3, 4]}', "'point_2d': [5, 6]", '"bbox_2d": [1, 2', "<|box_start|>(1,2),(3,4)<|box_end|>",
+           "<|quad_start|>(1,2),(3,4),(5,6),(7,8)<|quad_end|>", '<points x1="1" y1="2" alt="a">', '<points alt="',
+           "Image 2:", "image#3", "Picture no. 1", "图2", "第 1 张", "screenshot 12", "İmage 1", "myimage 1", '"', "'",
+           "<", " ", "x", "9" * 40, "bbox_2d", "point_2d", "<|box_start|>", "<points", "IMG 4.5", "photo 7."]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=30))
+def test_groups_and_markers_found_by_their_literals_are_the_regex_matches(pieces):
+    from vlm_gateway.stages.grounding.text import GROUP, MARKER, markers, groups
+    s = "".join(pieces)
+    assert [m.span() for m in groups(s)] == [m.span() for m in GROUP.finditer(s)]
+    assert [m.span() for m in markers(s)] == [m.span() for m in MARKER.finditer(s)]
+
+
+def test_numbers_outside_the_frame_or_too_long_leave_their_group_as_written():
+    m = Mapper(Attribution(M3, [M3]))
+    odd = ['{"bbox_2d": [%s, 10, 20, 30]}' % ("9" * 400), '{"bbox_2d": [-1, 10, 20, 30]}',
+           '{"point_2d": [1000.5, 3]}', '{"point_2d": [0.%s, 3]}' % ("1" * 40), "<|box_start|>(1,2),(3,-4)<|box_end|>"]
+    text = " ".join(odd) + ' {"point_2d": [1000, 0]}'
+    assert m.text(text) == " ".join(odd) + ' {"point_2d": [%d, %d]}' % mapped(1000, 0)
+    assert (m.counts.mapped, m.counts.unmappable) == (1, len(odd))
+    # the other way (the conversation, client frame -> model frame) alike
+    f = Mapper(Attribution(M3, [M3]), forward)
+    assert f.text('{"point_2d": [1001, 5]}') == '{"point_2d": [1001, 5]}' and f.counts.unmappable == 1
+
+
+def test_the_groups_limit_maps_the_first_and_keeps_the_rest_whole_or_streamed():
+    from vlm_gateway.stages.grounding.text import Counts
+    text = " ".join('{"point_2d": [%d, 10]}' % i for i in range(10))
+    want = " ".join(('{"point_2d": [%d, %d]}' % mapped(i, 10)) if i < 4 else '{"point_2d": [%d, 10]}' % i
+                    for i in range(10))
+    whole = Mapper(Attribution(M3, [M3]), counts=Counts(limit=4))
+    assert whole.text(text) == want and whole.counts.over and whole.counts.mapped == 4
+    for step in (1, 5, 13):
+        m = Mapper(Attribution(M3, [M3]), counts=Counts(limit=4))
+        assert stream_through(m, text, list(range(0, len(text), step))) == want and m.counts.over

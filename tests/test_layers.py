@@ -25,7 +25,7 @@ LAYERS = [
     ("vlm_gateway.hashing", 1), ("vlm_gateway.vision_tokens", 1), ("vlm_gateway.video_tokens", 1),
     ("vlm_gateway.redis_keys", 1), ("vlm_gateway.redis_clients", 1), ("vlm_gateway.logs", 1),
     ("vlm_gateway.data_uri", 1), ("vlm_gateway.lru", 1), ("vlm_gateway.backoff", 1),
-    ("vlm_gateway.tier", 1),
+    ("vlm_gateway.tier", 1), ("vlm_gateway.offload", 1),
     ("vlm_gateway.stages", 2), ("vlm_gateway.backends", 2), ("vlm_gateway.integrations", 2),
     ("vlm_gateway.proxy", 3),
     # the facade (vlm_gateway/__init__.py: create_app, load_config, ...) sits on top

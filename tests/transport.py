@@ -5,7 +5,9 @@ seam, answered by a Python handler instead of an engine behind a socket.
     gw = Gateway(cfg, clock=clock, transport=ScriptedTransport.factory(handler))
 
 An ``Answer`` may wait on an event before answering (``hold``), to keep a request in
-flight for as long as a test needs; an exception is raised as aiohttp would.
+flight for as long as a test needs; an exception is raised as aiohttp would. A streamed
+answer's ``chunks`` may hold, between the bytes, an ``asyncio.Event`` (the body waits for it)
+or an exception (the read raises it there: an engine that breaks off mid-answer).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class Answer:
     status: int = 200
     body: bytes = b""
     content_type: str = "application/json"
-    chunks: list[bytes] | None = None  # a stream, chunk by chunk
+    chunks: list | None = None  # a stream, chunk by chunk (bytes, an Event to wait for, an exception)
     hold: asyncio.Event | None = None  # answer only once it is set
 
 
@@ -54,14 +56,20 @@ class _Body:
         self._chunks = list(chunks)
 
     async def read(self, n: int = -1) -> bytes:
-        data = b"".join(self._chunks)
+        data = b"".join(c for c in self._chunks if isinstance(c, bytes))
         out, rest = (data, b"") if n < 0 else (data[:n], data[n:])
         self._chunks = [rest] if rest else []
         return out
 
     async def iter_any(self):
         while self._chunks:
-            yield self._chunks.pop(0)
+            c = self._chunks.pop(0)
+            if isinstance(c, BaseException):
+                raise c
+            if isinstance(c, asyncio.Event):
+                await c.wait()
+                continue
+            yield c
 
     def at_eof(self) -> bool:
         return not self._chunks

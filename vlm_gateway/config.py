@@ -271,6 +271,11 @@ class ImagesConfig:
     # borders are trimmed only where this is on and the convention known. Per model
     # (models.NAME.map_coordinates), per tenant, per request (x-vlm-gateway-grounding: off).
     map_coordinates: bool = True
+    # Coordinate groups mapped at most in one request's conversation and in one answer (the work
+    # per request is bounded): a conversation holding more while mapping is on is refused (400
+    # too_many_coordinate_groups); an answer holding more keeps the rest as the model wrote it and
+    # says so (mapping=partial; reason=too-many-groups, docs/GROUNDING.md).
+    max_coordinate_groups: int = 10000
 
 
 @dataclass

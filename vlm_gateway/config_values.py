@@ -328,6 +328,7 @@ RULES: dict[str, Rule] = {
     "images.photo_long_side": at_least(0),
     "images.max_queue_wait_ms": at_least(0),
     "images.max_threads_per_image": within(1, 64),
+    "images.max_coordinate_groups": at_least(1),
     "images.l1_redis_ttl_s": at_least(1),
     "images.models": image_overrides,
     "cache.ttl_s": at_least(1),

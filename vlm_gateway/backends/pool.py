@@ -20,7 +20,8 @@ like the others) and ``remove`` for one that left, once its in-flight requests e
 Admission: the profile filter (``admission.ProfileFilter``) drops backends that
 cannot take the request; a backend whose in-flight count reached its profile's
 ``max_num_seqs`` is full; when every candidate is full the request waits in
-``admission.Slots`` (bounded, with timeout -> 429 + Retry-After).
+``admission.Slots`` (bounded, with timeout -> 429 + Retry-After). A slot taken is owned
+by a ``Lease`` (``Pool.lease``), which gives it back exactly once whatever ends the request.
 """
 
 from __future__ import annotations
@@ -70,6 +71,30 @@ async def _read_small(r: aiohttp.ClientResponse) -> bytes:
     if len(data) > PROBE_MAX_BYTES:
         raise aiohttp.ClientPayloadError(f"answer larger than {PROBE_MAX_BYTES} bytes")
     return data
+
+
+class Lease:
+    """One slot taken on one backend for one attempt, given back exactly once: ``release`` may
+    be called on every path (``finally`` included), only the first call counts. ``failed``
+    counts the attempt against the backend's circuit breaker, ``ok`` for it; neither (a
+    client that went away, a refusal of the gateway's own) leaves the breaker as it is."""
+
+    __slots__ = ("pool", "backend", "held")
+
+    def __init__(self, pool: "Pool", backend: Backend) -> None:
+        self.pool = pool
+        self.backend = backend
+        self.held = True
+
+    def release(self, failed: bool = False, ok: bool = False) -> None:
+        if not self.held:
+            return
+        self.held = False
+        self.pool.release(self.backend)
+        if failed:
+            self.pool.record_failure(self.backend)
+        elif ok:
+            self.pool.record_success(self.backend)
 
 
 class Pool:
@@ -309,6 +334,10 @@ class Pool:
             if e.status == 429:
                 metrics.ROUTING.labels(name, "rejected").inc()
             raise
+
+    async def lease(self, req: "ChatRequest", exclude: set[Backend] = frozenset()) -> Lease:
+        """``acquire``, the slot owned by a ``Lease`` (nothing can come between the two)."""
+        return Lease(self, await self.acquire(req, exclude))
 
     def release(self, b: Backend) -> None:
         b.inflight -= 1

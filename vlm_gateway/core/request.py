@@ -118,16 +118,18 @@ class Subscriber(Protocol):
 
 
 class StreamTransform(Protocol):
-    def feed(self, data: bytes) -> bytes: ...  # relayed SSE bytes in, bytes to send out
-    def close(self) -> bytes: ...  # at the end of the upstream body: what is still held
+    # whole SSE events in (the relay frames them and applies the event cap first), events out
+    async def feed(self, events: bytes) -> bytes: ...
+    async def close(self) -> bytes: ...  # at the end of the upstream body: what is still held
 
 
 class ResponseTransform(Protocol):
     """A per-request rewrite of the answer that the relay applies before the client
     (and the response cache) sees it: a complete completion is changed in place
-    (True if it changed); a stream's bytes go through ``stream()``."""
+    (True if it changed); a stream's events go through ``stream()``. Both are coroutines so
+    that an implementation can do large inputs off the event loop."""
 
-    def completion(self, completion: dict[str, Any]) -> bool: ...
+    async def completion(self, completion: dict[str, Any]) -> bool: ...
     def stream(self) -> StreamTransform: ...
 
 

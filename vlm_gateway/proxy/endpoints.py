@@ -21,8 +21,8 @@ from .asgi.exchange import exchange
 from .connection_guard import FIRST_BYTE
 from . import recent
 from .body import read_json_body
-from .relay import Responder
-from .sse import fresh_ids, replay
+from .relay import ClientGone, Responder
+from .sse import DONE, event, fresh_ids, replay
 from .summary import backend_name, overhead_s
 
 if TYPE_CHECKING:
@@ -67,6 +67,29 @@ def error_headers(err: GatewayError, request_id: str | None,
     return h
 
 
+async def answer_error(out: Responder, err: GatewayError, rid: str | None, req: "ChatRequest | None") -> None:
+    """The error as the client can still get it: an OpenAI error object with its status, or,
+    once a stream started, an error event and ``[DONE]``. Headers that cannot be sent give
+    way to the plain ones; a client that went away gets nothing."""
+    metrics.REJECTIONS.labels(str(err.status), err.reason).inc()
+    try:
+        if out.started:
+            if not out.finishing:
+                await out.body(event(err.body()) + DONE)
+                await out.end()
+            return
+        try:
+            await out.start(err.status, error_headers(err, rid, req))
+        except ClientGone:
+            raise
+        except Exception:
+            log.exception("the error headers of request %s could not be sent; answering with the plain ones", rid)
+            await out.start(err.status, error_headers(err, rid, None))
+        await out.end(err.json())
+    except ClientGone:
+        pass
+
+
 class CompletionEndpoint:
     """POST /v1/chat/completions and /v1/completions."""
 
@@ -106,25 +129,19 @@ class CompletionEndpoint:
             else:
                 await gw.relay.non_stream(req, out)
             status = out.status
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ClientGone):
             status = 499  # client closed the request
         except GatewayError as e:
             status = e.status
             ex.error = e.reason  # bounded reason, for the access log
-            if out.started:
-                await gw.relay._stream_error(out, e)  # counts the rejection itself
-            else:
-                metrics.REJECTIONS.labels(str(e.status), e.reason).inc()
-                await out.start(e.status, error_headers(e, rid, req))
-                await out.end(e.json())
+            await answer_error(out, e, rid, req)
         except Exception:
             status = 500
             log.exception("unexpected error in %s (request %s)", self.route, rid)
-            if not out.started:
-                err = GatewayError("The gateway hit an internal error; the request was not completed",
-                                   code="internal_error")
-                await out.start(500, error_headers(err, rid, req))
-                await out.end(err.json())
+            err = GatewayError("The gateway hit an internal error; the request was not completed",
+                               code="internal_error")
+            ex.error = err.reason
+            await answer_error(out, err, rid, req)
         finally:
             if disconnect is not None:
                 disconnect.cancel()

@@ -36,15 +36,16 @@ _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r|\n\r\n|\r\n\n")
 class StreamWatcher:
     """Follows SSE bytes as they are relayed, event by event.
 
-    ``feed`` keeps the unfinished event and returns the complete events, which the
-    relay forwards at once: the client never receives half an event, an event
-    longer than ``max_event_bytes`` ends the stream (``EventTooLarge``) before any of
-    it was forwarded, and each byte is searched for an event boundary once (a long
-    event costs linear time, never a re-split of everything held on each chunk).
+    ``frame`` keeps the unfinished event and returns the complete events, which the
+    relay forwards at once (after the request's transform, if any, and ``scan``): the
+    client never receives half an event, an event longer than ``max_event_bytes`` ends
+    the stream (``EventTooLarge``) before any of it was forwarded or transformed, and each
+    byte is searched for an event boundary once (a long event costs linear time, never a
+    re-split of everything held on each chunk). ``feed`` is ``frame`` then ``scan``.
 
-    Always notes ``[DONE]`` and error events (cheap); parses events into a completion
-    only when ``assemble`` is set (up to ``max_assembled_bytes`` of payload: a longer
-    answer is relayed but not assembled), and otherwise only the usage chunk."""
+    ``scan`` always notes ``[DONE]`` and error events (cheap); it parses events into a
+    completion only when ``assemble`` is set (up to ``max_assembled_bytes`` of payload: a
+    longer answer is relayed but not assembled), and otherwise only the usage chunk."""
 
     __slots__ = ("assemble", "buf", "done", "usage", "chunks", "error", "max_event", "max_assembled",
                  "assembled", "overflow")
@@ -62,11 +63,17 @@ class StreamWatcher:
         self.overflow = False
 
     def feed(self, data: bytes) -> bytes:
-        """The complete events now available (to forward), in order; b"" if none."""
+        """The complete events now available (to forward), in order, scanned; b"" if none."""
+        out = self.frame(data)
+        if out:
+            self.scan(out)
+        return out
+
+    def frame(self, data: bytes) -> bytes:
+        """The complete events now available, in order, not scanned yet; b"" if none."""
         buf = self.buf
         if not buf and data.endswith(b"\n\n") and len(data) <= self.max_event:
-            self._scan(data)  # the usual case: whole, small events in one read
-            return data
+            return data  # the usual case: whole, small events in one read
         start = max(0, len(buf) - 3)  # a boundary may straddle the previous read
         buf += data
         end = 0
@@ -84,20 +91,27 @@ class StreamWatcher:
         return out
 
     def _take(self, end: int) -> bytes:
-        """The first ``end`` bytes held (whole events), read and removed."""
+        """The first ``end`` bytes held (whole events), removed."""
         out = bytes(self.buf[:end])
         del self.buf[:end]
-        if out:
-            self._scan(out)
+        return out
+
+    def rest(self) -> bytes:
+        """At the end of the stream: the unfinished last event, not scanned yet (b"" if none)."""
+        out = bytes(self.buf)
+        self.buf.clear()
         return out
 
     def finish(self) -> bytes:
         """At the end of the stream: the unfinished last event (forwarded and read as is)."""
-        out = bytes(self.buf)
-        self.buf.clear()
+        out = self.rest()
         if out:
-            self._scan(out)
+            self.scan(out)
         return out
+
+    def scan(self, events: bytes) -> None:
+        """Note what whole events (as they go to the client) say."""
+        self._scan(events)
 
     def _scan(self, events: bytes) -> None:
         if not self.assemble and b'"usage":{' not in events and b'"error"' not in events:
@@ -143,40 +157,64 @@ class StreamWatcher:
         return assemble(self.chunks)
 
 
+# tool calls of one choice assembled at most (an index past it is not a call: skipped)
+MAX_TOOL_CALLS = 128
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
 def assemble(chunks: list[dict]) -> dict:
+    """The chunks as one ``chat.completion``; parts of a shape no chunk has (a choice that is
+    not an object, an ``index`` that is not an integer, a ``delta`` that is not an object,
+    text that is not a string) are left out."""
     first = chunks[0]
     choices: dict[int, dict] = {}
     for ch in chunks:
-        for c in ch.get("choices") or ():
+        cs = ch.get("choices")
+        for c in cs if isinstance(cs, list) else ():
+            if not isinstance(c, dict):
+                continue
             idx = c.get("index", 0)
+            if type(idx) is not int:
+                continue
             slot = choices.setdefault(idx, {"index": idx, "message": {"role": "assistant", "content": ""},
                                             "finish_reason": None, "logprobs": None})
-            delta = c.get("delta") or {}
-            if delta.get("role"):
+            delta = c.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
+            if _str(delta.get("role")):
                 slot["message"]["role"] = delta["role"]
-            if delta.get("content"):
+            if _str(delta.get("content")):
                 slot["message"]["content"] += delta["content"]
-            if delta.get("reasoning_content"):
+            if _str(delta.get("reasoning_content")):
                 slot["message"]["reasoning_content"] = slot["message"].get("reasoning_content", "") + \
                     delta["reasoning_content"]
-            for tc in delta.get("tool_calls") or ():
+            tcs = delta.get("tool_calls")
+            for tc in tcs if isinstance(tcs, list) else ():
+                if not isinstance(tc, dict):
+                    continue
                 calls = slot["message"].setdefault("tool_calls", [])
                 i = tc.get("index", len(calls))
+                if type(i) is not int or not 0 <= i < MAX_TOOL_CALLS:
+                    continue
                 while len(calls) <= i:
                     calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
                 call = calls[i]
-                if tc.get("id"):
+                if _str(tc.get("id")):
                     call["id"] = tc["id"]
-                fn = tc.get("function") or {}
-                if fn.get("name"):
+                fn = tc.get("function")
+                fn = fn if isinstance(fn, dict) else {}
+                if _str(fn.get("name")):
                     call["function"]["name"] += fn["name"]
-                if fn.get("arguments"):
+                if _str(fn.get("arguments")):
                     call["function"]["arguments"] += fn["arguments"]
-            if c.get("logprobs"):
-                lp = slot["logprobs"] or {"content": []}
-                lp["content"].extend((c["logprobs"] or {}).get("content") or [])
-                slot["logprobs"] = lp
-            if c.get("finish_reason"):
+            lp = c.get("logprobs")
+            if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+                have = slot["logprobs"] or {"content": []}
+                have["content"].extend(lp["content"])
+                slot["logprobs"] = have
+            if _str(c.get("finish_reason")):
                 slot["finish_reason"] = c["finish_reason"]
     usage = next((ch["usage"] for ch in reversed(chunks) if isinstance(ch.get("usage"), dict)), None)
     out = {"id": first.get("id", ""), "object": "chat.completion", "created": first.get("created", 0),
@@ -198,8 +236,11 @@ def replay(completion: dict, include_usage: bool) -> Iterator[bytes]:
     """A stored ``chat.completion`` as ``chat.completion.chunk`` SSE events."""
     base = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
             "model": completion.get("model", "")}
-    for c in completion.get("choices", []):
-        msg = c.get("message") or {}
+    for c in completion.get("choices") or ():
+        if not isinstance(c, dict):
+            continue
+        msg = c.get("message")
+        msg = msg if isinstance(msg, dict) else {}
         idx = c.get("index", 0)
         yield event({**base, "choices": [{"index": idx, "delta": {"role": msg.get("role", "assistant"),
                                                                   "content": ""},

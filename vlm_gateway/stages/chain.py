@@ -99,8 +99,13 @@ class Chain:
 
     @staticmethod
     async def complete(req: ChatRequest, completion: dict) -> None:
+        """Every subscriber's ``on_complete``: a failing one is logged (the client has its
+        answer either way), the others still run."""
         for s in req.hooks:
-            await s.on_complete(req, completion)
+            try:
+                await s.on_complete(req, completion)
+            except Exception:
+                log.exception("on_complete of %s failed (request %s)", type(s).__name__, req.request_id)
 
     def pending(self, req: ChatRequest) -> bool:
         """Whether ``finish`` has anything to do for this request."""
@@ -109,12 +114,14 @@ class Chain:
     async def finish(self, req: ChatRequest) -> None:
         """Once when the request ends, however it ends: every subscriber's ``on_finish``
         (a failing one is logged, the others still run), then the media bytes it held."""
-        for s in req.hooks:
-            try:
-                await s.on_finish(req)
-            except Exception:
-                log.exception("on_finish of %s failed (request %s)", type(s).__name__, req.request_id)
-        self.shared.budget.release(req)
+        try:
+            for s in req.hooks:
+                try:
+                    await s.on_finish(req)
+                except Exception:
+                    log.exception("on_finish of %s failed (request %s)", type(s).__name__, req.request_id)
+        finally:
+            self.shared.budget.release(req)
 
     # -- per process -------------------------------------------------------------------
     async def start(self) -> None:

@@ -119,13 +119,17 @@ class ImageMap:
     # extent of the model's frame on each axis (R, or the processor's width/height)
     limit_x: float
     limit_y: float
+    # extent of the client's frame the mapped coordinates are in (R, or the processor's
+    # width/height of the client's image): what ``forward`` reads
+    client_x: float
+    client_y: float
 
     @property
     def identity(self) -> bool:
         return abs(self.ax) < 1e-9 and abs(self.ay) < 1e-9 and abs(self.bx - 1) < 1e-9 and abs(self.by - 1) < 1e-9
 
     def back(self, x: float, y: float) -> tuple[float, float]:
-        """A model coordinate in the client's frame."""
+        """A model coordinate in the client's frame (callers check it lies in the model's frame)."""
         return self.ax + self.bx * x, self.ay + self.by * y
 
     def forward(self, x: float, y: float) -> tuple[float, float]:
@@ -140,7 +144,7 @@ class ImageMap:
                    zip((self.ax, self.bx, self.ay, self.by), (other.ax, other.bx, other.ay, other.by)))
 
 
-IDENTITY_1000 = ImageMap(0.0, 1.0, 0.0, 1.0, 1000.0, 1000.0)
+IDENTITY_1000 = ImageMap(0.0, 1.0, 0.0, 1.0, 1000.0, 1000.0, 1000.0, 1000.0)
 
 
 def image_map(frame: Frame | None, conv: Convention) -> ImageMap | None:
@@ -151,10 +155,10 @@ def image_map(frame: Frame | None, conv: Convention) -> ImageMap | None:
     r = conv.relative
     if r:
         if frame is None:  # sent as the client's URL: relative coordinates need no map
-            return ImageMap(0.0, 1.0, 0.0, 1.0, float(r), float(r))
+            return ImageMap(0.0, 1.0, 0.0, 1.0, float(r), float(r), float(r), float(r))
         cw, ch = frame.client_w, frame.client_h
         return ImageMap(frame.left * r / cw, (frame.right - frame.left) / cw,
-                        frame.top * r / ch, (frame.bottom - frame.top) / ch, float(r), float(r))
+                        frame.top * r / ch, (frame.bottom - frame.top) / ch, float(r), float(r), float(r), float(r))
     if frame is None:
         return None
     try:
@@ -163,4 +167,4 @@ def image_map(frame: Frame | None, conv: Convention) -> ImageMap | None:
         return None
     kx, ky = aw / frame.client_w, ah / frame.client_h
     return ImageMap(frame.left * kx, (frame.right - frame.left) / mw * kx, frame.top * ky,
-                    (frame.bottom - frame.top) / mh * ky, float(mw), float(mh))
+                    (frame.bottom - frame.top) / mh * ky, float(mw), float(mh), float(aw), float(ah))

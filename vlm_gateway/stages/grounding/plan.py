@@ -11,7 +11,9 @@ What the client is told (response headers):
 
 * ``x-vlm-gateway-grounding: convention=qwen3-vl; mapping=on`` -- ``on`` (every
   coordinate is in the client's frame), ``by-image-marker`` (the images differ: a
-  coordinate is mapped when the answer names its image, ``Image N``) or ``off; reason=
+  coordinate is mapped when the answer names its image, ``Image N``), ``partial;
+  reason=too-many-groups`` (an answer with more groups than ``images.max_coordinate_groups``:
+  the rest is as the model wrote it) or ``off; reason=
   request|tenant|config|unknown-convention|unknown-image-size``;
 * ``x-vlm-gateway-image-transform-N`` for the N-th image (1-based, request order): see
   ``frames.Frame.header``.
@@ -55,6 +57,8 @@ class GroundingPlan:
     cacheable: bool = True
     counts: Counts = field(default_factory=Counts)  # answer groups
     history: Counts = field(default_factory=Counts)  # groups in the conversation, sent to the model
+    # groups in the conversation's texts that may be mapped (counted before routing; None: not counted)
+    history_groups: int | None = None
     # (message, part or -1, text as the client sent it): history texts rewritten for the model
     originals: list[tuple[int, int, str]] = field(default_factory=list)
 
@@ -68,6 +72,8 @@ class GroundingPlan:
             return f"convention={self.convention.name}; mapping=off; reason={self.reason}"
         if self.maps and all(m is None for m in self.maps):  # absolute pixels of images never seen
             return f"convention={self.convention.name}; mapping=off; reason=unknown-image-size"
+        if self.counts.over:  # the answer held more groups than images.max_coordinate_groups
+            return f"convention={self.convention.name}; mapping=partial; reason=too-many-groups"
         return f"convention={self.convention.name}; mapping={'on' if self.common else 'by-image-marker'}"
 
     @property
