@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import random
+import struct
 from fractions import Fraction
 from typing import Callable, Iterable
 
@@ -184,3 +185,141 @@ def cached(fn: Callable[..., bytes]):
     """Memoise a generator in-process (tests build the same clip many times)."""
     import functools
     return functools.lru_cache(maxsize=None)(fn)
+
+
+# -- containers whose own tables declare more than their bytes hold ---------------------------
+# (FFmpeg builds an index entry per declared sample, or allocates a frame of the declared
+# size, before a single frame is decoded: these must be refused from the tables themselves)
+
+_ISO_CONTAINERS = {b"moov", b"trak", b"mdia", b"minf", b"stbl", b"dinf", b"edts", b"udta", b"mvex", b"moof",
+                   b"traf"}
+
+
+def iso_tree(data: bytes, start: int = 0, end: int | None = None) -> list:
+    """ISOBMFF boxes as ``[kind, payload bytes | children]`` (32-bit sizes, as PyAV writes)."""
+    end = len(data) if end is None else end
+    out, i = [], start
+    while i + 8 <= end:
+        size, kind = struct.unpack_from(">I4s", data, i)
+        size = size or end - i
+        out.append([kind, iso_tree(data, i + 8, i + size) if kind in _ISO_CONTAINERS else data[i + 8:i + size]])
+        i += size
+    return out
+
+
+def iso_bytes(tree: list) -> bytes:
+    out = b""
+    for kind, body in tree:
+        payload = iso_bytes(body) if isinstance(body, list) else body
+        out += struct.pack(">I", 8 + len(payload)) + kind + payload
+    return out
+
+
+def iso_find(tree: list, *path: bytes) -> list:
+    """The first box at ``path`` (its ``[kind, body]`` list, edited in place)."""
+    for box in tree:
+        if box[0] == path[0]:
+            return box if len(path) == 1 else iso_find(box[1], *path[1:])
+    raise KeyError(path)
+
+
+def _full_box(version: int, flags: int, body: bytes) -> bytes:
+    return bytes([version]) + flags.to_bytes(3, "big") + body
+
+
+def _small_mp4(frames: int = 2, side: int = 16, **kw) -> bytes:
+    return encode(blank_frames(frames, side, side), 1, preset="ultrafast", **kw)
+
+
+def mp4_declared_samples(n: int = 20_000_000, track: str = "video") -> bytes:
+    """A ~1.8 KB MP4 whose sample tables declare ``n`` samples of one byte (constant size:
+    no table behind the count). ``track="second"``: the video track is honest and a second
+    (subtitle) track carries the count, which the demuxer indexes all the same."""
+    tree = iso_tree(_small_mp4())
+    moov = iso_find(tree, b"moov")
+    trak = iso_find(moov[1], b"trak")
+    target = trak
+    if track == "second":
+        import copy
+        target = copy.deepcopy(trak)
+        tkhd = iso_find(target[1], b"tkhd")
+        body = bytearray(tkhd[1])
+        struct.pack_into(">I", body, 12 if body[0] == 0 else 20, 2)  # track_ID 2
+        tkhd[1] = bytes(body)
+        hdlr = iso_find(target[1], b"mdia", b"hdlr")
+        hdlr[1] = hdlr[1][:8] + b"sbtl" + hdlr[1][12:]
+        moov[1].insert(moov[1].index(trak) + 1, target)
+    stbl = iso_find(target[1], b"mdia", b"minf", b"stbl")
+    offset = struct.unpack_from(">I", iso_find(stbl[1], b"stco")[1], 8)[0]
+    keep = [b for b in stbl[1] if b[0] == b"stsd"]
+    stbl[1] = keep + [
+        [b"stts", _full_box(0, 0, struct.pack(">III", 1, n, 512))],
+        [b"stsc", _full_box(0, 0, struct.pack(">IIII", 1, 1, n, 1))],
+        [b"stsz", _full_box(0, 0, struct.pack(">II", 1, n))],
+        [b"stco", _full_box(0, 0, struct.pack(">II", 1, offset))],
+    ]
+    return iso_bytes(tree)
+
+
+def mp4_huge_stts(n: int = 20_000_000) -> bytes:
+    """An honest two-sample MP4 whose time-to-sample table declares ``n`` samples."""
+    tree = iso_tree(_small_mp4())
+    stts = iso_find(tree, b"moov", b"trak", b"mdia", b"minf", b"stbl", b"stts")
+    stts[1] = _full_box(0, 0, struct.pack(">III", 1, n, 512))
+    return iso_bytes(tree)
+
+
+def mp4_fragmented_trun(n: int = 20_000_000) -> bytes:
+    """A fragmented MP4 (empty_moov + moof) whose track run declares ``n`` samples and no
+    per-sample fields: every sample takes the defaults, so ``n`` costs no bytes."""
+    import av
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4", options={"movflags": "frag_keyframe+empty_moov"}) as out:
+        s = out.add_stream("libx264", rate=1, options={"threads": "1", "preset": "ultrafast"})
+        s.width = s.height = 16
+        s.pix_fmt = "yuv420p"
+        for j, arr in enumerate(blank_frames(2, 16, 16)):
+            vf = av.VideoFrame.from_ndarray(arr, format="rgb24")
+            vf.pts = j
+            for p in s.encode(vf):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    data = buf.getvalue()
+    tree = iso_tree(data)
+    traf = iso_find(tree, b"moof", b"traf")
+    tfhd = iso_find(traf[1], b"tfhd")
+    track_id = struct.unpack_from(">I", tfhd[1], 4)[0]
+    # defaults for every sample: duration 512, size 1, flags "sync"; base offset = the moof
+    tfhd[1] = _full_box(0, 0x020000 | 0x08 | 0x10 | 0x20, struct.pack(">IIII", track_id, 512, 1, 0))
+    trun = iso_find(traf[1], b"trun")
+    trun[1] = _full_box(0, 0x000001, struct.pack(">Ii", n, 0))
+    moof_size = len(iso_bytes([iso_find(tree, b"moof")]))  # data offset: past the moof and mdat header
+    trun[1] = _full_box(0, 0x000001, struct.pack(">Ii", n, moof_size + 8))
+    return iso_bytes(tree)
+
+
+def mjpeg_growing_frame(fmt: str = "avi", w: int = 16000, h: int = 16000, at: int = 3, frames: int = 5) -> bytes:
+    """An MJPEG stream (AVI or Matroska) declaring 64x64 frames whose frame ``at`` is a
+    real ``w``x``h`` JPEG (1 MB at 16000x16000: flat grey blocks). The decoder allocates
+    (and zero-fills) a frame of that size when it meets it."""
+    import av
+    from image_corpus import flat_jpeg
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format=fmt) as out:
+        s = out.add_stream("mjpeg", rate=5)
+        s.width = s.height = 64
+        s.pix_fmt = "yuvj420p"
+        s.time_base = Fraction(1, 5)
+        small = None
+        for j, arr in enumerate(blank_frames(frames, 64, 64)):
+            vf = av.VideoFrame.from_ndarray(arr, format="rgb24")
+            vf.pts = j
+            for p in s.encode(vf):
+                if j == at:
+                    p = av.Packet(flat_jpeg(w, h))
+                    p.stream, p.pts, p.dts, p.time_base, p.is_keyframe = s, j, j, Fraction(1, 5), True
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    return buf.getvalue()

@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageOps, PngImagePlugin, features
 
-from . import colour, structure, vips
+from . import colour, memory, structure, vips
 from .errors import ImageError
+from .memory import DecodeBudget
 
 try:  # HEIC/HEIF: optional extra (the heif extra: pip install '.[heif]')
     import pillow_heif
@@ -253,14 +254,17 @@ class Opened:
     exif: bool = True
     max_pixels: int = 64_000_000
     data: bytes = b""  # the file itself (a decoder other than Pillow's may read it)
+    budget: DecodeBudget = field(default_factory=DecodeBudget)  # the rewrite's decode memory
+    scans: int = 1  # JPEG scans (memory.jpeg_coefficients)
 
     @property
     def size(self) -> tuple[int, int]:
         return self.im.size
 
 
-def open_checked(data: bytes, fmt: str, max_pixels: int) -> Opened:
-    """Structural scan, open, and the real size checked (see the module docstring)."""
+def open_checked(data: bytes, fmt: str, max_pixels: int, budget: DecodeBudget | None = None) -> Opened:
+    """Structural scan, open, and the real size checked (see the module docstring).
+    ``budget``: what the decodes of this image may hold (``memory.DecodeBudget``)."""
     layout = structure.scan(data, fmt, max_pixels)
     ensure_backstop(max_pixels)
     im = _open(data, fmt)
@@ -273,7 +277,8 @@ def open_checked(data: bytes, fmt: str, max_pixels: int) -> Opened:
     if isinstance(p, dict):  # pillow-heif: the primary image's own description
         nclx = (int(p.get("color_primaries", 2)), int(p.get("transfer_characteristics", 2)),
                 int(p.get("matrix_coefficients", 2)), int(p.get("full_range_flag", 1)))
-    return Opened(im, fmt, max(1, frames), nclx, layout.exif, max_pixels, data)
+    return Opened(im, fmt, max(1, frames), nclx, layout.exif, max_pixels, data,
+                  budget if budget is not None else DecodeBudget(), layout.scans)
 
 
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
@@ -437,10 +442,25 @@ def _guard(fmt: str, fn):
                          "image_corrupt") from None
 
 
+def _what(op: Opened, im: Image.Image) -> str:
+    return f"{im.width}x{im.height} {op.format.upper()} image"
+
+
+def _loaded(op: Opened, im: Image.Image, held: int, after: str, rotate: bool) -> None:
+    """After ``im.load()``: the real size against the pixel limit, and the memory need of
+    what was really decoded (some decoders, HEIF, settle the size only now), before any
+    conversion copies it."""
+    check_size(op.format, *im.size, op.max_pixels)
+    now = memory.need(op, im, after=after, rotate=rotate)
+    if now > held:
+        op.budget.need(now - held, _what(op, im))
+
+
 def decode_opened(op: Opened, draft_size: tuple[int, int] | None = None,
-                  reasons: list[str] | None = None) -> Decoded:
+                  reasons: list[str] | None = None, after: str = "rewrite") -> Decoded:
     """First frame, decoded, upright, sRGB. ``draft_size`` (as stored, before EXIF
-    rotation) lets JPEG decode with DCT scaling to no less than that size."""
+    rotation) lets JPEG decode with DCT scaling to no less than that size. Its memory is
+    counted first (``memory.need``, ``after``: what follows at the decoded size)."""
     def run() -> Decoded:
         im = op.im
         if op.frames > 1 and op.format != "heif":
@@ -449,13 +469,18 @@ def decode_opened(op: Opened, draft_size: tuple[int, int] | None = None,
         icc = im.info.get("icc_profile")
         orient = orientation(im, op.exif)
         stored_w = im.width
+        what = _what(op, im)
+        coefficients = memory.jpeg_coefficients(im, op.scans) if op.format == "jpeg" else 0
         if draft_size is not None and op.format == "jpeg":
             im.draft(None, draft_size)
         if op.format == "png" and not why and orient == 1 and op.data and vips.plain_png(im):
             # libspng: faster, and scales over threads; plain sRGB pixels, nothing to convert
+            op.budget.need(memory.need(op, im, vips_png=True, after=after), what)
             return Decoded(vips.decode_png(op.data, im.size), 1.0, [], op.frames)
+        held = memory.need(op, im, after=after, rotate=orient != 1, coefficients=coefficients)
+        op.budget.need(held, what)
         im.load()
-        check_size(op.format, *im.size, op.max_pixels)  # some decoders (HEIF) settle the size only now
+        _loaded(op, im, held, after, orient != 1)
         scale = stored_w / im.width
         if orient != 1:
             im = ImageOps.exif_transpose(im)
@@ -469,12 +494,14 @@ def verify(op: Opened) -> Decoded | None:
     a viewer shows it, so the original bytes may go. Otherwise the converted image."""
     reasons = static_reasons(op)
     if reasons:
-        return decode_opened(op, reasons=reasons)
+        return decode_opened(op, reasons=reasons, after="convert")
     im = op.im
 
     def run() -> Decoded | None:
         if op.format == "jpeg":  # every scan entropy-decoded, IDCT at 1/8: the cheap full check
+            coefficients, what = memory.jpeg_coefficients(im, op.scans), _what(op, im)
             im.draft(None, (max(1, im.width // 8), max(1, im.height // 8)))
+            op.budget.need(memory.need(op, im, coefficients=coefficients), what)
             im.load()
             return None
         if op.format == "png" and im.mode in ("RGB", "L", "P", "1") and "transparency" not in im.info:
@@ -482,8 +509,10 @@ def verify(op: Opened) -> Decoded | None:
             # corruption are caught without inflating (see docs/benchmarks/images.md). A GIF's
             # blocks carry no checksum, so a GIF is decoded (LZW is cheap at these sizes).
             return None
+        held = memory.need(op, im, after="convert")
+        op.budget.need(held, _what(op, im))
         im.load()
-        check_size(op.format, *im.size, op.max_pixels)
+        _loaded(op, im, held, "convert", False)
         if im.mode in ("RGB", "L", "1") and "transparency" not in im.info:
             return None
         if im.mode == "P" and "transparency" not in im.info:

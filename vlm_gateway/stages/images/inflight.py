@@ -6,16 +6,21 @@ count as images), so a small request naming many large URLs is refused with
 413 naming the part and the key, however its bytes arrive.
 
 Per process: the bytes held for requests (fetched bodies as they stream in,
-decoded data: payloads) are reserved from one bound,
+decoded data: payloads) and the buffers image decodes hold while they run (their
+estimate, ``memory.py``, reserved from the pool thread with ``reserve``) come from
+one bound,
 
-    sum over requests in flight of held bytes <= limits.max_media_bytes_in_flight
+    held bytes of the requests in flight + decode buffers <= limits.max_media_bytes_in_flight
 
 and a reservation past it answers 503 with ``Retry-After``. A request gives its
-reservation back when it ends, however it ends (the chain's ``finish`` calls ``release``).
+holdings back when it ends, however it ends (the chain's ``finish`` calls ``release``);
+a decode gives its buffers back when its rewrite returns or raises (``unreserve``).
+The count is kept under a lock: decodes reserve from the pool's threads.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from ... import metrics
@@ -36,6 +41,7 @@ class MediaBudget:
         self.limits = limits
         self.limit = limits.max_media_bytes_in_flight
         self.used = 0
+        self._lock = threading.Lock()
 
     def count(self, req: "ChatRequest", part: "MediaPart", n: int) -> None:
         """Count ``n`` bytes of ``part`` against its request's total for the kind."""
@@ -54,14 +60,25 @@ class MediaBudget:
         """Reserve ``n`` bytes held in memory for ``req`` (503 past the process bound)."""
         if n <= 0:
             return
-        if self.limit and self.used + n > self.limit:
-            raise Unavailable(f"The gateway holds its limit of media bytes in flight "
-                              f"(limits.max_media_bytes_in_flight = {self.limit}) and cannot take "
-                              f"{part.param} now; retry shortly", param=part.param, code="media_bytes_in_flight",
-                              headers={"retry-after": "1"}, reason="media_bytes_in_flight")
+        self.reserve(n, part.param)
         req.media_bytes.held += n
-        self.used += n
+
+    def reserve(self, n: int, param: str | None = None) -> None:
+        """Take ``n`` bytes from the process bound (any thread); 503 past it."""
+        with self._lock:
+            if self.limit and self.used + n > self.limit:
+                raise Unavailable(f"The gateway holds its limit of media bytes in flight "
+                                  f"(limits.max_media_bytes_in_flight = {self.limit}) and cannot take "
+                                  f"{param or 'this media'} now; retry shortly", param=param,
+                                  code="media_bytes_in_flight", headers={"retry-after": "1"},
+                                  reason="media_bytes_in_flight")
+            self.used += n
         metrics.MEDIA_BYTES_IN_FLIGHT.inc(n)
+
+    def unreserve(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
+        metrics.MEDIA_BYTES_IN_FLIGHT.dec(n)
 
     def fetched(self, req: "ChatRequest", part: "MediaPart"):
         """``on_chunk`` for a fetch of ``part``: count and hold every chunk."""
@@ -74,5 +91,4 @@ class MediaBudget:
         n = req.media_bytes.held
         if n:
             req.media_bytes.held = 0
-            self.used -= n
-            metrics.MEDIA_BYTES_IN_FLIGHT.dec(n)
+            self.unreserve(n)
