@@ -13,6 +13,7 @@ Deterministic: the same arguments give the same bytes (x264 in one thread).
 
 from __future__ import annotations
 
+import functools
 import io
 import random
 import struct
@@ -150,6 +151,7 @@ def blank_frames(n: int, w: int, h: int) -> Iterable[np.ndarray]:
         yield arr
 
 
+@functools.lru_cache(maxsize=None)
 def huge_frame_size() -> bytes:
     """A few KB declaring 8192x8192 frames (67 megapixels each)."""
     return encode(blank_frames(2, 8192, 8192), 1, preset="ultrafast")
@@ -322,4 +324,106 @@ def mjpeg_growing_frame(fmt: str = "avi", w: int = 16000, h: int = 16000, at: in
                 out.mux(p)
         for p in s.encode():
             out.mux(p)
+    return buf.getvalue()
+
+
+def mp4_audio_chunks(chunks: int = 40, per_chunk: int = 0xFFFFFFFF) -> bytes:
+    """An honest 16x16 video track beside an uncompressed audio track ('sowt', indexed by
+    chunk) of ``chunks`` chunks that each declare ``per_chunk`` samples: FFmpeg makes an
+    index entry per 1024 samples of every chunk (40 x 4 million for 1.5 KB)."""
+    import copy
+    tree = iso_tree(_small_mp4())
+    moov = iso_find(tree, b"moov")
+    trak = iso_find(moov[1], b"trak")
+    audio = copy.deepcopy(trak)
+    tkhd = iso_find(audio[1], b"tkhd")
+    body = bytearray(tkhd[1])
+    struct.pack_into(">I", body, 12 if body[0] == 0 else 20, 2)
+    tkhd[1] = bytes(body)
+    hdlr = iso_find(audio[1], b"mdia", b"hdlr")
+    hdlr[1] = hdlr[1][:8] + b"soun" + hdlr[1][12:]
+    minf = iso_find(audio[1], b"mdia", b"minf")
+    minf[1] = [[b"smhd", _full_box(0, 0, b"\0" * 4)] if b[0] == b"vmhd" else b for b in minf[1]]
+    stbl = iso_find(minf[1], b"stbl")
+    offset = struct.unpack_from(">I", iso_find(stbl[1], b"stco")[1], 8)[0]
+    sowt = b"\0" * 6 + struct.pack(">HHHIHHHHI", 1, 0, 0, 0, 2, 16, 0, 0, 48000 << 16)
+    stbl[1] = [
+        [b"stsd", _full_box(0, 0, struct.pack(">I", 1) + struct.pack(">I4s", 8 + len(sowt), b"sowt") + sowt)],
+        [b"stts", _full_box(0, 0, struct.pack(">III", 1, 48000, 1))],
+        [b"stsc", _full_box(0, 0, struct.pack(">IIII", 1, 1, per_chunk, 1))],
+        [b"stsz", _full_box(0, 0, struct.pack(">II", 4, 48000))],
+        [b"stco", _full_box(0, 0, struct.pack(">I", chunks) + struct.pack(">I", offset) * chunks)],
+    ]
+    moov[1].insert(moov[1].index(trak) + 1, audio)
+    return iso_bytes(tree)
+
+
+def mp4_fragments(fragments: int = 200, per_run: int = 200_000) -> bytes:
+    """A fragmented MP4 whose ``fragments`` moof boxes each declare ``per_run`` samples:
+    every run alone within any limit, together 40 million."""
+    data = mp4_fragmented_trun(per_run)
+    tree = iso_tree(data)
+    moof = iso_find(tree, b"moof")
+    i = tree.index(moof)
+    return iso_bytes(tree[:i] + [moof, tree[i + 1]] * fragments + tree[i + 2:])
+
+
+def growing_h264(fmt: str = "mpegts") -> bytes:
+    """64x64 H.264 with an 8192x8192 keyframe in the middle (two streams end to end in
+    MPEG-TS: a new sequence parameter set mid-stream)."""
+    small = encode(blank_frames(10, 64, 64), 5, fmt=fmt, preset="ultrafast")
+    return small + encode(blank_frames(1, 8192, 8192), 5, fmt=fmt, preset="ultrafast") + small
+
+
+@functools.lru_cache(maxsize=None)
+def hostile_tables() -> dict[str, tuple[bytes, set[str]]]:
+    """name -> (bytes, acceptable codes): containers that declare more than they hold,
+    and frames larger than the stream declared (#32). Before the fixes each cost FFmpeg
+    0.15-1.4 GB before the limit was checked."""
+    many, large = {"video_too_many_frames"}, {"video_frame_too_large"}
+    return {
+        "mp4_20m_samples": (mp4_declared_samples(), many),
+        "mp4_20m_samples_on_a_second_track": (mp4_declared_samples(track="second"), many),
+        "mp4_stts_20m_samples": (mp4_huge_stts(), many),
+        "mp4_fragment_run_of_20m_samples": (mp4_fragmented_trun(), many),
+        "mp4_200_fragments_of_200k_samples": (mp4_fragments(), many),
+        "mp4_audio_track_of_huge_chunks": (mp4_audio_chunks(), many),
+        "mp4_8192x8192_frames": (huge_frame_size(), large),
+        "avi_mjpeg_16000x16000_fourth_frame": (mjpeg_growing_frame("avi"), large),
+        "mkv_mjpeg_16000x16000_fourth_frame": (mjpeg_growing_frame("matroska"), large),
+        "mpegts_h264_8192x8192_mid_stream": (growing_h264(), large),
+    }
+
+
+def with_audio(seconds: float = 10, audio: str = "aac", fmt: str = "mp4", fragmented: bool = False,
+               w: int = 160, h: int = 120, fps: int = 30) -> bytes:
+    """A real clip with a sound track beside the video (AAC, or uncompressed PCM, which
+    the MOV demuxer indexes by chunk), optionally fragmented (moof per keyframe)."""
+    import av
+    buf = io.BytesIO()
+    opts = {"movflags": "frag_keyframe+empty_moov"} if fragmented else {}
+    with av.open(buf, mode="w", format=fmt, options=opts) as out:
+        v = out.add_stream("libx264", rate=fps, options={"threads": "1", "preset": "ultrafast",
+                                                         "x264-params": "keyint=30"})
+        v.width, v.height, v.pix_fmt = w, h, "yuv420p"
+        a = out.add_stream(audio, rate=48000, layout="stereo")
+        n = 1024
+        t = 0
+        for j, arr in enumerate(motion_frames(seconds, w, h, fps)):
+            vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
+            vf.pts = j
+            for p in v.encode(vf):
+                out.mux(p)
+            while t < (j + 1) * 48000 // fps:
+                fmt_name = "fltp" if audio == "aac" else "s16"
+                samples = np.zeros((2, n) if fmt_name == "fltp" else (1, 2 * n), np.float32 if fmt_name == "fltp"
+                                   else np.int16)
+                af = av.AudioFrame.from_ndarray(samples, format=fmt_name, layout="stereo")
+                af.sample_rate, af.pts = 48000, t
+                for p in a.encode(af):
+                    out.mux(p)
+                t += n
+        for s in (v, a):
+            for p in s.encode():
+                out.mux(p)
     return buf.getvalue()
