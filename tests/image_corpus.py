@@ -689,7 +689,8 @@ def memory_corpus(w: int = 2400, h: int = 1600) -> list[tuple[str, bytes, bool]]
     rgba = Image.fromarray(np.dstack([rgb, (x * 255 // w).astype(np.uint8)]))
     p = im.convert("P")
     p3 = display_p3_icc()
-    rot6 = b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00\x06\x00\x00\x00\x00\x00\x00"
+    rot6 = (b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x01"  # one IFD entry: Orientation = 6
+            b"\x01\x12\x00\x03\x00\x00\x00\x01\x00\x06\x00\x00\x00\x00\x00\x00")
     a16 = np.zeros((h, w, 3), np.uint16)
     a16[..., 0], a16[..., 1] = x * 65535 // w, y * 65535 // h
     heic10 = io.BytesIO()
@@ -733,3 +734,98 @@ def memory_corpus(w: int = 2400, h: int = 1600) -> list[tuple[str, bytes, bool]]
         "heic_10bit": heic10.getvalue(),
     }
     return [(name, data, name not in same) for name, data in images.items()]
+
+
+# -- every bit depth: two halves of known colour (#32, class 8) ------------------------------------
+
+def _over_white(rgb, alpha: float) -> tuple[int, int, int]:
+    return tuple(round(c * alpha + 255 * (1 - alpha)) for c in rgb)
+
+
+def _pack(values: np.ndarray, bits: int) -> bytes:
+    """A row of ``bits``-bit samples, packed most significant first, padded to a byte."""
+    per = 8 // bits
+    v = np.zeros(-(-len(values) // per) * per, np.uint8)
+    v[:len(values)] = values
+    v = v.reshape(-1, per)
+    out = np.zeros(len(v), np.uint8)
+    for j in range(per):
+        out |= (v[:, j] << (8 - bits * (j + 1))).astype(np.uint8)
+    return out.tobytes()
+
+
+def _tiff16(w: int, h: int, samples: np.ndarray, photometric: int, extra: int = 0) -> bytes:
+    """An uncompressed 16-bit TIFF (one strip, little-endian) of ``samples`` (h x w x spp)."""
+    spp = samples.shape[2]
+    data = samples.astype("<u2").tobytes()
+    tags = [(256, 4, 1, w), (257, 4, 1, h), (258, 3, spp, 16), (259, 3, 1, 1), (262, 3, 1, photometric),
+            (273, 4, 1, 0), (277, 3, 1, spp), (278, 4, 1, h), (279, 4, 1, len(data))]
+    if extra:
+        tags.append((338, 3, 1, extra))  # ExtraSamples: 2 = unassociated alpha
+    ifd = 8
+    bps = ifd + 2 + 12 * len(tags) + 4
+    strip = bps + (2 * spp if spp > 2 else 0)
+    out = b"II*\x00" + struct.pack("<IH", ifd, len(tags))
+    for tag, typ, count, value in tags:
+        if tag == 258 and spp > 2:
+            out += struct.pack("<HHII", tag, typ, count, bps)
+        elif tag == 258:
+            out += struct.pack("<HHI", tag, typ, count) + struct.pack("<HH", *([16] * count + [0])[:2])
+        elif tag == 273:
+            out += struct.pack("<HHII", tag, typ, count, strip)
+        elif typ == 3:
+            out += struct.pack("<HHIHH", tag, typ, count, value, 0)
+        else:
+            out += struct.pack("<HHII", tag, typ, count, value)
+    out += struct.pack("<I", 0) + (struct.pack(f"<{spp}H", *[16] * spp) if spp > 2 else b"")
+    return out + data
+
+
+def bit_depth(kind: str, w: int = 2000, h: int = 1500) -> tuple[bytes, tuple, tuple]:
+    """(image, left half's colour, right half's colour as a viewer shows them on white) for
+    ``kind`` in BIT_DEPTHS: PNG of 16-bit RGB, RGBA, grey and grey+alpha, 1/2/4-bit
+    palette and grey; 16-bit TIFF of RGB, RGBA and grey."""
+    half = w // 2
+    if kind.startswith("tiff"):
+        spp = {"tiff16_rgb": 3, "tiff16_rgba": 4, "tiff16_grey": 1}[kind]
+        left, right = [(60000, 20000, 5000, 65535), (1000, 40000, 65535, 32768)][0][:spp], \
+            [(60000, 20000, 5000, 65535), (1000, 40000, 65535, 32768)][1][:spp]
+        if spp == 1:
+            left, right = (40000,), (10000,)
+        a = np.zeros((h, w, spp), np.uint16)
+        a[:, :half], a[:, half:] = left, right
+        data = _tiff16(w, h, a, 1 if spp == 1 else 2, extra=2 if spp == 4 else 0)
+    else:
+        bits, ctype = {"png16_rgb": (16, 2), "png16_rgba": (16, 6), "png16_grey": (16, 0),
+                       "png16_grey_alpha": (16, 4), "png1_palette": (1, 3), "png2_palette": (2, 3),
+                       "png4_palette": (4, 3), "png1_grey": (1, 0), "png2_grey": (2, 0),
+                       "png4_grey": (4, 0)}[kind]
+        extra = b""
+        if bits == 16:
+            left = {2: (60000, 20000, 5000), 6: (60000, 20000, 5000, 65535), 0: (40000,), 4: (40000, 65535)}[ctype]
+            right = {2: (1000, 40000, 65535), 6: (1000, 40000, 65535, 32768), 0: (10000,), 4: (10000, 32768)}[ctype]
+            row = struct.pack(f">{len(left)}H", *left) * half + struct.pack(f">{len(right)}H", *right) * (w - half)
+        else:
+            top = (1 << bits) - 1
+            lv, rv = (0, top) if ctype == 3 else (top, top // 3 if bits > 1 else 0)
+            row = _pack(np.array([lv] * half + [rv] * (w - half), np.uint8), bits)
+            if ctype == 3:
+                palette = [(20 + 12 * i, 200 - 10 * i, (60 * i) % 256) for i in range(top + 1)]
+                extra = _chunk(b"PLTE", bytes(c for p in palette for c in p))
+                left, right = palette[lv], palette[rv]
+            else:
+                left, right = (lv * 255 // top,), (rv * 255 // top,)
+        data = _png_chunks(struct.pack(">IIBBBBB", w, h, bits, ctype, 0, 0, 0),
+                           _rows_deflated(b"\x00" + row, h), extra)
+
+    def shown(c):
+        if max(c) > 255:  # 16-bit samples
+            c = tuple(v / 257 for v in c)
+        if len(c) in (2, 4):
+            return _over_white(c[:-1] * (3 if len(c) == 2 else 1), c[-1] / 255)
+        return tuple(round(v) for v in (c * 3 if len(c) == 1 else c))
+    return data, shown(left), shown(right)
+
+
+BIT_DEPTHS = ("png16_rgb", "png16_rgba", "png16_grey", "png16_grey_alpha", "png1_palette", "png2_palette",
+              "png4_palette", "png1_grey", "png2_grey", "png4_grey", "tiff16_rgb", "tiff16_rgba", "tiff16_grey")

@@ -233,6 +233,9 @@ class ImagesConfig:
     # Most memory one image's decode may hold (bytes, estimated before decoding: canvas x the
     # bytes per pixel its format and conversions need, docs/IMAGES.md); more gets 400. 0 = no cap.
     max_decode_bytes: int = 256 * 1024 * 1024
+    # Memory the image decodes running in one process may hold together (their estimates);
+    # a decode that would pass it gets 503 with Retry-After. 0 = no bound.
+    max_decode_bytes_in_flight: int = 1024 * 1024 * 1024
     trim_borders: bool = True
     trim_tolerance: int = 8
     jpeg_quality: int = 90
@@ -426,9 +429,8 @@ class LimitsConfig:
     # Audio bytes per request: inline payloads plus fetched bodies.
     max_total_audio_bytes: int = 32 * 1024 * 1024
     # Media bytes one process holds at once (fetch buffers and decoded sources of every
-    # request in flight, and the buffers of the image decodes running); a request that would
-    # pass it gets 503 with Retry-After. 0 = no bound.
-    max_media_bytes_in_flight: int = 1024 * 1024 * 1024
+    # request in flight); a request that would pass it gets 503 with Retry-After. 0 = no bound.
+    max_media_bytes_in_flight: int = 512 * 1024 * 1024
     # Forward the engine extras that change how it reads media (vLLM's mm_processor_kwargs,
     # media_io_kwargs: pixel budgets, video frames). Off: refused with 400 in requests with media
     # parts, so a client cannot raise the pixel or frame budget past the gateway's limits.

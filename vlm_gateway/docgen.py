@@ -61,7 +61,6 @@ NOTES: dict[str, str] = {
     "images.max_fetch_bytes": "Byte cap of one fetched image, enforced while streaming.",
     "images.max_redirects": "Redirects followed per fetch (each target re-checked).",
     "images.max_source_pixels": "Decompression-bomb guard: checked on the declared size, again on the size the decoder really opens (every format, every GIF frame's canvas), and Pillow's own bomb check never below it (docs/IMAGES.md).",
-    "images.max_decode_bytes": "Memory guard per image: the decode's peak (canvas x bytes per pixel of its format, alpha, colour and 16-bit conversions, measured) is estimated before any pixel is decoded and refused above this (400 `image_too_large`); what is admitted is reserved from `limits.max_media_bytes_in_flight` while it runs (docs/IMAGES.md).",
     "images.trim_borders": "Trim uniform borders before resizing.",
     "images.trim_tolerance": "Colour distance still counted as the border colour.",
     "images.jpeg_quality": "Quality of re-encoded JPEGs.",

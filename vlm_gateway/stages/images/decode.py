@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageOps, PngImagePlugin, features
 
+from ...core.errors import GatewayError
 from . import colour, memory, structure, vips
 from .errors import ImageError
 from .memory import DecodeBudget
@@ -433,7 +434,7 @@ class Decoded:
 def _guard(fmt: str, fn):
     try:
         return fn()
-    except ImageError:
+    except (ImageError, GatewayError):  # a refusal, or the process's media bound (503)
         raise
     except (MemoryError, Image.DecompressionBombError):
         raise ImageError("the image is too large to decode", "image_too_large") from None
@@ -446,12 +447,18 @@ def _what(op: Opened, im: Image.Image) -> str:
     return f"{im.width}x{im.height} {op.format.upper()} image"
 
 
-def _loaded(op: Opened, im: Image.Image, held: int, after: str, rotate: bool) -> None:
+def _plain(im: Image.Image) -> bool:
+    """Sent as it came once verified (``verify``): nothing to convert."""
+    return im.mode in ("RGB", "L", "1", "P") and "transparency" not in im.info
+
+
+def _loaded(op: Opened, im: Image.Image, held: int, after: str, rotate: bool, verifying: bool = False) -> None:
     """After ``im.load()``: the real size against the pixel limit, and the memory need of
     what was really decoded (some decoders, HEIF, settle the size only now), before any
     conversion copies it."""
     check_size(op.format, *im.size, op.max_pixels)
-    now = memory.need(op, im, after=after, rotate=rotate)
+    plain = verifying and _plain(im)
+    now = memory.need(op.format, im, op.nclx, after="check" if plain else after, rotate=rotate, convert=not plain)
     if now > held:
         op.budget.need(now - held, _what(op, im))
 
@@ -475,9 +482,9 @@ def decode_opened(op: Opened, draft_size: tuple[int, int] | None = None,
             im.draft(None, draft_size)
         if op.format == "png" and not why and orient == 1 and op.data and vips.plain_png(im):
             # libspng: faster, and scales over threads; plain sRGB pixels, nothing to convert
-            op.budget.need(memory.need(op, im, vips_png=True, after=after), what)
+            op.budget.need(memory.need(op.format, im, op.nclx, vips_png=True, after=after), what)
             return Decoded(vips.decode_png(op.data, im.size), 1.0, [], op.frames)
-        held = memory.need(op, im, after=after, rotate=orient != 1, coefficients=coefficients)
+        held = memory.need(op.format, im, op.nclx, after=after, rotate=orient != 1, coefficients=coefficients)
         op.budget.need(held, what)
         im.load()
         _loaded(op, im, held, after, orient != 1)
@@ -501,7 +508,7 @@ def verify(op: Opened) -> Decoded | None:
         if op.format == "jpeg":  # every scan entropy-decoded, IDCT at 1/8: the cheap full check
             coefficients, what = memory.jpeg_coefficients(im, op.scans), _what(op, im)
             im.draft(None, (max(1, im.width // 8), max(1, im.height // 8)))
-            op.budget.need(memory.need(op, im, coefficients=coefficients), what)
+            op.budget.need(memory.need(op.format, im, op.nclx, coefficients=coefficients), what)
             im.load()
             return None
         if op.format == "png" and im.mode in ("RGB", "L", "P", "1") and "transparency" not in im.info:
@@ -509,10 +516,12 @@ def verify(op: Opened) -> Decoded | None:
             # corruption are caught without inflating (see docs/benchmarks/images.md). A GIF's
             # blocks carry no checksum, so a GIF is decoded (LZW is cheap at these sizes).
             return None
-        held = memory.need(op, im, after="convert")
+        # what is sent as it came is only decoded; the rest is converted at its own size
+        plain = _plain(im)
+        held = memory.need(op.format, im, op.nclx, after="check" if plain else "convert", convert=not plain)
         op.budget.need(held, _what(op, im))
         im.load()
-        _loaded(op, im, held, "convert", False)
+        _loaded(op, im, held, "convert", False, verifying=True)
         if im.mode in ("RGB", "L", "1") and "transparency" not in im.info:
             return None
         if im.mode == "P" and "transparency" not in im.info:

@@ -1,8 +1,8 @@
 """Decode memory, known before a pixel is decoded: per image against a cap, per process
 against the media bound.
 
-``need(op, im, source, vips_png, after)``: the bytes the decode of ``op`` holds at its
-peak, when ``im`` (the opened image, after any JPEG draft) is decoded at its size:
+``need(fmt, im, nclx, ...)``: the bytes a decode holds at its peak, when ``im`` (the
+opened image, after any JPEG draft) is decoded at its size:
 
     need = px x (stored + kept + max(transient, conversions + after)) + coefficients + BASE
 
@@ -30,9 +30,9 @@ docs/benchmarks/hardening.md), rounded up; ``tests/test_images_memory.py`` check
 
 ``DecodeBudget``: one rewrite's decodes. ``need`` above ``max_bytes``
 (``images.max_decode_bytes``) is a 400 ``image_too_large`` before the library
-allocates; what is admitted is reserved from the process's media bound
-(``limits.max_media_bytes_in_flight``, ``inflight.MediaBudget.reserve``: 503 past it)
-until the rewrite ends, however it ends.
+allocates; what is admitted is reserved from the process's decode bound
+(``images.max_decode_bytes_in_flight``, ``inflight.MediaBudget.decoding``: 503 past
+it) until the rewrite ends, however it ends.
 """
 
 from __future__ import annotations
@@ -40,12 +40,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from .colour import needs_nclx
 from .errors import ImageError
 
 if TYPE_CHECKING:
     from PIL import Image
-
-    from .decode import Opened
 
 DEFAULT_MAX_DECODE_BYTES = 256 * 1024 * 1024
 BASE = 2 * 1024 * 1024  # buffers of any decode that do not grow with the canvas
@@ -100,24 +99,22 @@ def jpeg_coefficients(im: "Image.Image", scans: int) -> int:
     return int(2 * samples * im.size[0] * im.size[1]) + 1
 
 
-def need(op: "Opened", im: "Image.Image", vips_png: bool = False, after: str = "check",
-         rotate: bool = False, coefficients: int = 0) -> int:
-    """Peak bytes of decoding ``im`` (``op``'s image, after any draft) at its size."""
+def need(fmt: str, im: "Image.Image", nclx: tuple[int, int, int, int] | None = None, vips_png: bool = False,
+         after: str = "check", rotate: bool = False, coefficients: int = 0, convert: bool = True) -> int:
+    """Peak bytes of decoding ``im`` (an opened image of format ``fmt``, after any draft) at
+    its size; ``nclx``: its colour description; ``convert`` False: it is only decoded
+    (verified), not converted."""
     px = im.size[0] * im.size[1]
     if vips_png:
         stored = 1.0 if im.mode == "L" else 4.0
         return int(px * (stored + AFTER[after])) + BASE
     mode = im.mode
     stored = float(STORED.get(mode, 4))
-    conv = _convert(mode, "transparency" in im.info, bool(im.info.get("icc_profile")), _nclx(op), rotate)
-    kept = KEPT.get(op.format, 0.0) + (KEPT_ALPHA if op.format in ("heif", "avif") and mode in ("RGBA", "LA") else 0)
-    transient = TRANSIENT.get(op.format, 0.0)
+    conv = _convert(mode, "transparency" in im.info, bool(im.info.get("icc_profile")), needs_nclx(nclx), rotate) \
+        if convert else 0.0
+    kept = KEPT.get(fmt, 0.0) + (KEPT_ALPHA if fmt in ("heif", "avif") and mode in ("RGBA", "LA") else 0)
+    transient = TRANSIENT.get(fmt, 0.0)
     return int(px * (stored + kept + max(transient, conv + AFTER[after]))) + coefficients + BASE
-
-
-def _nclx(op: "Opened") -> bool:
-    from .colour import needs_nclx
-    return needs_nclx(op.nclx)
 
 
 def mb(n: int) -> str:
@@ -127,7 +124,7 @@ def mb(n: int) -> str:
 @dataclass
 class DecodeLimits:
     """What every decode of a rewrite is held to. ``reserve``/``release``: the process's
-    bound (``MediaBudget.reserve``/``unreserve``), callable from any thread; None: none."""
+    bound (``MediaBudget.decoding``/``decoded``), callable from any thread; None: none."""
 
     max_bytes: int = DEFAULT_MAX_DECODE_BYTES
     reserve: Callable[[int], None] | None = None

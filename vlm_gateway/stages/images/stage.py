@@ -203,9 +203,9 @@ class ImageRewriter(Stage):
 
     def _limits(self, part: "ImagePart") -> DecodeLimits:
         """The memory a rewrite of ``part`` may hold: images.max_decode_bytes per image, and
-        the process's media bound while it runs (503 past it, naming the part)."""
+        the process's decode bound while it runs (503 past it, naming the part)."""
         budget = self.sources.budget
-        return DecodeLimits(self.cfg.max_decode_bytes, lambda n: budget.reserve(n, part.param), budget.unreserve)
+        return DecodeLimits(self.cfg.max_decode_bytes, lambda n: budget.decoding(n, part.param), budget.decoded)
 
     # -- the stage -----------------------------------------------------------------
     async def __call__(self, req: "ChatRequest"):
