@@ -149,10 +149,11 @@ def run_case(data: bytes, as_mb: int, cpu_s: int, max_pixels: int, max_decode_mb
     return out
 
 
-def legit_cases(names: list[str]) -> list[tuple[str, bytes, str]]:
+def legit_cases(names: list[str], size: str = "") -> list[tuple[str, bytes, str]]:
     import image_corpus as C
+    w, h = (int(v) for v in size.split("x")) if size else (2400, 1600)
     cases = [(f"{name}{' (policy off)' if off else ''}", data, "off" if off else "")
-             for name, data, both in C.memory_corpus() for off in ((False, True) if both else (False,))]
+             for name, data, both in C.memory_corpus(w, h) for off in ((False, True) if both else (False,))]
     return [c for c in cases if not names or c[0] in names]
 
 
@@ -161,7 +162,7 @@ def measure_legit(a) -> None:
     mapped and unmapped on its own (``_fresh_allocations``), so a case cannot reuse what
     the one before freed, and libvips runs as in the gateway."""
     _fresh_allocations()
-    cases = legit_cases(a.names)
+    cases = legit_cases(a.names, a.size)
     _warm()
     _trim()
     for name, data, policy in cases:
@@ -192,6 +193,7 @@ def main() -> None:
     ap.add_argument("--legit", action="store_true",
                     help="valid images of every format and conversion, measured one after another in this "
                          "interpreter (run it fresh)")
+    ap.add_argument("--size", default="", help="--legit: the images' size, WxH (default 2400x1600)")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
     import image_corpus as C

@@ -4,7 +4,8 @@ against the media bound.
 ``need(fmt, im, nclx, ...)``: the bytes a decode holds at its peak, when ``im`` (the
 opened image, after any JPEG draft) is decoded at its size:
 
-    need = px x (stored + kept + max(transient, conversions + after)) + coefficients + BASE
+    need = px x (stored + kept + max(transient, conversions + after)) + after_fixed
+           + coefficients + BASE
 
 - ``px``: the decoded canvas (a GIF's, an animation's, a grid's whole canvas, whatever
   the frames cover);
@@ -19,8 +20,8 @@ opened image, after any JPEG draft) is decoded at its size:
   palette or transparency expanded, alpha composited on white, colour profile, nclx,
   16-bit scaling, EXIF rotation);
 - ``after``: what follows at that size (``"rewrite"``: the text estimate and the trim's
-  reduction; ``"convert"``: the re-encode of an image sent at its own size; ``"check"``:
-  nothing);
+  reduction, and ``after_fixed`` for the resize to the target and its encode;
+  ``"convert"``: the re-encode of an image sent at its own size; ``"check"``: nothing);
 - ``coefficients``: a progressive or multi-scan JPEG buffers every DCT coefficient of the
   whole source (2 bytes per sample) however small it is decoded.
 
@@ -51,13 +52,14 @@ BASE = 2 * 1024 * 1024  # buffers of any decode that do not grow with the canvas
 
 STORED = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16B": 2, "I;16L": 2, "I;16N": 2}  # else 4
 # bytes per canvas pixel a decoder holds beside Pillow's image: while the image is open
-KEPT = {"webp": 8.0, "avif": 3.0}
+KEPT = {"webp": 9.0, "avif": 3.0}
 # ... and only while it decodes
-TRANSIENT = {"webp": 5.0, "avif": 4.0, "heif": 5.0, "gif": 1.0, "tiff": 1.0, "jpeg": 1.0}
+TRANSIENT = {"webp": 5.0, "avif": 4.0, "heif": 5.0, "gif": 1.0, "tiff": 1.0, "jpeg": 2.0}
 KEPT_ALPHA = 1.0  # libavif, libheif: the alpha plane
-# the text estimate's strips, the trim's reduction and the resize's first pass (or the copy
-# libvips reads); the re-encode of an image sent at its own size
-AFTER = {"rewrite": 5.0, "convert": 2.0, "check": 0.0}
+# per canvas pixel: the text estimate's strips and the trim's reduction; the re-encode of an
+# image sent at its own size. AFTER_FIXED: what the resize to the target and its encode hold
+AFTER = {"rewrite": 2.5, "convert": 2.0, "check": 0.0}
+AFTER_FIXED = {"rewrite": 8 * 1024 * 1024, "convert": 0, "check": 0}
 _DEEP = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
 
 
@@ -93,10 +95,10 @@ def jpeg_coefficients(im: "Image.Image", scans: int) -> int:
         return 0
     hv = [(max(1, h), max(1, v)) for _, h, v, *_ in getattr(im, "layer", None) or []]  # (id, h, v, table)
     if not hv:
-        return 2 * 4 * im.size[0] * im.size[1]
+        return int(2.1 * 4 * im.size[0] * im.size[1])
     hmax, vmax = max(h for h, _ in hv), max(v for _, v in hv)
     samples = sum(h * v for h, v in hv) / (hmax * vmax)
-    return int(2 * samples * im.size[0] * im.size[1]) + 1
+    return int(2.1 * samples * im.size[0] * im.size[1]) + 1  # 2 bytes a coefficient, blocks padded to MCUs
 
 
 def need(fmt: str, im: "Image.Image", nclx: tuple[int, int, int, int] | None = None, vips_png: bool = False,
@@ -107,14 +109,14 @@ def need(fmt: str, im: "Image.Image", nclx: tuple[int, int, int, int] | None = N
     px = im.size[0] * im.size[1]
     if vips_png:
         stored = 1.0 if im.mode == "L" else 4.0
-        return int(px * (stored + AFTER[after])) + BASE
+        return int(px * (stored + AFTER[after])) + AFTER_FIXED[after] + BASE
     mode = im.mode
     stored = float(STORED.get(mode, 4))
     conv = _convert(mode, "transparency" in im.info, bool(im.info.get("icc_profile")), needs_nclx(nclx), rotate) \
         if convert else 0.0
     kept = KEPT.get(fmt, 0.0) + (KEPT_ALPHA if fmt in ("heif", "avif") and mode in ("RGBA", "LA") else 0)
     transient = TRANSIENT.get(fmt, 0.0)
-    return int(px * (stored + kept + max(transient, conv + AFTER[after]))) + coefficients + BASE
+    return int(px * (stored + kept + max(transient, conv + AFTER[after]))) + AFTER_FIXED[after] + coefficients + BASE
 
 
 def mb(n: int) -> str:
