@@ -25,9 +25,9 @@ applied per image by ``pressure.py`` after the budget's own decision);
 from __future__ import annotations
 
 import asyncio
-from functools import partial
 import logging
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ...core import headers as H
