@@ -59,7 +59,8 @@ KEPT_ALPHA = 1.0  # libavif, libheif: the alpha plane
 # per canvas pixel: the text estimate's strips and the trim's reduction; the re-encode of an
 # image sent at its own size. AFTER_FIXED: what the resize to the target and its encode hold
 AFTER = {"rewrite": 2.5, "convert": 2.0, "check": 0.0}
-AFTER_FIXED = {"rewrite": 8 * 1024 * 1024, "convert": 0, "check": 0}
+AFTER_FIXED = {"rewrite": 2 * 1024 * 1024, "convert": 0, "check": 0}
+VIPS_16BIT = 2.5  # libvips' 16-bit samples on their way to 8
 _DEEP = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
 
 
@@ -109,7 +110,8 @@ def need(fmt: str, im: "Image.Image", nclx: tuple[int, int, int, int] | None = N
     px = im.size[0] * im.size[1]
     if vips_png:
         stored = 1.0 if im.mode == "L" else 4.0
-        return int(px * (stored + AFTER[after])) + AFTER_FIXED[after] + BASE
+        deep = any(str(t.args).endswith(";16B") for t in getattr(im, "tile", None) or [])
+        return int(px * (stored + (VIPS_16BIT if deep else 0.0) + AFTER[after])) + AFTER_FIXED[after] + BASE
     mode = im.mode
     stored = float(STORED.get(mode, 4))
     conv = _convert(mode, "transparency" in im.info, bool(im.info.get("icc_profile")), needs_nclx(nclx), rotate) \
