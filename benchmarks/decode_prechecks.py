@@ -1,12 +1,12 @@
 """What the decode pre-checks of #32 cost per image and per video.
 
-    PYTHONPATH=. python benchmarks/decode_prechecks.py [--rounds 15] [--out docs/benchmarks/hardening-prechecks.json]
+    PYTHONPATH=. python benchmarks/decode_prechecks.py [--rounds 31] [--out docs/benchmarks/hardening-prechecks.json]
 
 Images (1920x1080 photo JPEG, screenshot PNG, AVIF and HEIC): the checks alone
 (``memory.need`` with libjpeg's coefficient count; for AVIF/HEIF the structural scan with
 ``isobmff.check`` less the scan without it), and the whole rewrite with the checks against the same rewrite with them
 taken out (``memory.need`` returning 0, ``isobmff.check`` a no-op), alternating in one
-run. Video (a 10 s 1280x720 30 fps H.264 clip with AAC, as MP4, and the same frames as
+run, each round in the other order. Video (a 10 s 1280x720 30 fps H.264 clip with AAC, as MP4, and the same frames as
 Matroska and MJPEG/AVI): ``tables.check`` alone, and ``open_video`` with and without it
 and with and without the decoders' max_pixels (the table walk, the codec option and the
 log capture); the whole video rewrite with everything against without. Medians of
@@ -95,10 +95,13 @@ def images(rounds: int) -> dict:
                 checks[-1] += max(0.0, scan - scan0)
         with_, without = [], []
         rewrite_bytes(data)
-        for _ in range(rounds):  # alternating: the load of the machine falls on both alike
-            with_.append(cpu(lambda: rewrite_bytes(data)))
-            with without_image_checks():
-                without.append(cpu(lambda: rewrite_bytes(data)))
+        for i in range(rounds):  # alternating, in both orders: the machine's load falls on both alike
+            for checked in ((True, False) if i % 2 else (False, True)):
+                if checked:
+                    with_.append(cpu(lambda: rewrite_bytes(data)))
+                else:
+                    with without_image_checks():
+                        without.append(cpu(lambda: rewrite_bytes(data)))
         out[name] = {"bytes": len(data), "checks_us": round(med(checks) * 1e6, 1),
                      "checks_us_p99": round(p99(checks) * 1e6, 1),
                      "rewrite_ms": round(med(with_) * 1e3, 2), "rewrite_ms_without": round(med(without) * 1e3, 2),
@@ -122,20 +125,26 @@ def videos(rounds: int) -> dict:
             c, _, _ = probe.open_video(data, s)
             c.close()
         with_, without = [], []
-        for _ in range(rounds):
-            with_.append(cpu(opened, 5))
-            with without_video_checks():
-                without.append(cpu(opened, 5))
+        for i in range(rounds):
+            for checked in ((True, False) if i % 2 else (False, True)):
+                if checked:
+                    with_.append(cpu(opened, 5))
+                else:
+                    with without_video_checks():
+                        without.append(cpu(opened, 5))
         out[name] = {"bytes": len(data), "tables_us": round(med(checks) * 1e6, 1),
                      "tables_us_p99": round(p99(checks) * 1e6, 1),
                      "open_ms": round(med(with_) * 1e3, 3), "open_ms_without": round(med(without) * 1e3, 3),
                      "open_ratio": round(med(with_) / med(without), 3)}
         if kind == "mp4":
             rw, rw0 = [], []
-            for _ in range(max(3, rounds // 3)):
-                rw.append(cpu(lambda: rewrite_video(data, s)))
-                with without_video_checks():
-                    rw0.append(cpu(lambda: rewrite_video(data, s)))
+            for i in range(max(4, rounds // 3)):
+                for checked in ((True, False) if i % 2 else (False, True)):
+                    if checked:
+                        rw.append(cpu(lambda: rewrite_video(data, s)))
+                    else:
+                        with without_video_checks():
+                            rw0.append(cpu(lambda: rewrite_video(data, s)))
             out[name].update(rewrite_s=round(med(rw), 3), rewrite_s_without=round(med(rw0), 3),
                              rewrite_ratio=round(med(rw) / med(rw0), 3))
         print(name, out[name], flush=True)
@@ -144,7 +153,7 @@ def videos(rounds: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=31)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     res = {"date": time.strftime("%Y-%m-%d"), "rounds": a.rounds, "python": sys.version.split()[0],
