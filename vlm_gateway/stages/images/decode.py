@@ -12,9 +12,13 @@ Order of checks for every image (each step refuses with an ``ImageError``):
    checked again. Pillow's own bomb check stays on as a backstop
    (``Image.MAX_IMAGE_PIXELS`` is never below Pillow's default or below the
    configured limit).
-4. ``verify``/``decode_opened``: the pixels, decoded (JPEG within budget: entropy
-   decode at 1/8 scale, which reads every scan). What an engine would read
-   differently from what a viewer shows is converted (``Decoded.conversions``):
+4. ``verify``/``decode_opened``: the memory the decode will hold (``memory.need``:
+   the canvas, mode, format and conversions) against the image's ``DecodeBudget``
+   (per-image cap, process bound) before the library allocates; then the pixels,
+   decoded (JPEG within budget: entropy decode at 1/8 scale, which reads every scan),
+   and the real size and memory checked again before any conversion copies them.
+   What an engine would read differently from what a viewer shows is converted
+   (``Decoded.conversions``):
    formats engines cannot all read (AVIF, HEIF, TIFF, BMP), animation (first
    frame), EXIF orientation, colour profiles and nclx colour to sRGB, CMYK,
    16-bit and float samples, and alpha that is not fully opaque (composited onto

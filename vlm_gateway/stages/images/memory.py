@@ -1,5 +1,5 @@
 """Decode memory, known before a pixel is decoded: per image against a cap, per process
-against the media bound.
+against a bound.
 
 ``need(fmt, im, nclx, ...)``: the bytes a decode holds at its peak, when ``im`` (the
 opened image, after any JPEG draft) is decoded at its size:
@@ -25,9 +25,9 @@ opened image, after any JPEG draft) is decoded at its size:
 - ``coefficients``: a progressive or multi-scan JPEG buffers every DCT coefficient of the
   whole source (2 bytes per sample) however small it is decoded.
 
-The figures are measured peaks of the resident set (``benchmarks/decode_memory.py``,
-docs/benchmarks/hardening.md), rounded up; ``tests/test_images_memory.py`` checks that
-``need`` is never below what a decode really takes.
+The figures are measured peaks of the resident set (``tests/bounded.py --legit``, at two
+sizes: docs/IMAGES.md has the table), rounded up; ``tests/test_images_memory.py`` checks
+that ``need`` is never below what a decode really takes.
 
 ``DecodeBudget``: one rewrite's decodes. ``need`` above ``max_bytes``
 (``images.max_decode_bytes``) is a 400 ``image_too_large`` before the library
