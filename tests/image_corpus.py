@@ -4,6 +4,7 @@ the hostile cases it must refuse. Used by the tests and the benchmark."""
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import zlib
@@ -304,16 +305,20 @@ def _primary_tile(data: bytes) -> tuple[bytes, bytes]:
     raise KeyError("primary item")
 
 
-def isobmff_grid(codec: str, cols: int, rows: int, tile: int = 64) -> bytes:
+def isobmff_grid(codec: str, cols: int, rows: int, tile: int = 64, canvas: tuple[int, int] | None = None,
+                 coded: int | None = None) -> bytes:
     """A grid image of cols x rows tiles (AVIF: av01, HEIF: hvc1) whose tiles all point at one
-    coded tile written by the library: a few KB that ask for cols*rows decodes."""
-    src = avif(tile, tile, quality=60) if codec == "avif" else heic(tile, tile, quality=60)
+    coded tile written by the library: a few KB that ask for cols*rows decodes. ``canvas``:
+    the output size the grid declares (default: what the tiles cover); ``coded``: the size
+    the tile's bitstream really codes (default: ``tile``, what its ``ispe`` declares)."""
+    src = _flat_tile(codec, coded or tile)
+    cw, ch = canvas or (cols * tile, rows * tile)
     config, coded = _primary_tile(src)
     n = cols * rows
     item_type = b"av01" if codec == "avif" else b"hvc1"
     brands = [b"avif", b"mif1", b"miaf"] if codec == "avif" else [b"heic", b"mif1", b"miaf"]
     ftyp = _box(b"ftyp", brands[0] + b"\0\0\0\0" + b"".join(brands))
-    grid_desc = struct.pack(">BBBBHH", 0, 0, rows - 1, cols - 1, cols * tile, rows * tile)
+    grid_desc = struct.pack(">BBBBHH", 0, 0, rows - 1, cols - 1, cw, ch)
     ids = list(range(2, n + 2))
     hdlr = _full(b"hdlr", 0, b"\0\0\0\0pict" + b"\0" * 12 + b"\0")
     pitm = _full(b"pitm", 0, struct.pack(">H", 1))
@@ -322,7 +327,7 @@ def isobmff_grid(codec: str, cols: int, rows: int, tile: int = 64) -> bytes:
     iinf = _full(b"iinf", 0, struct.pack(">H", n + 1) + b"".join(infe))
     iref = _full(b"iref", 0, _box(b"dimg", struct.pack(">HH", 1, n) + b"".join(struct.pack(">H", i) for i in ids)))
     ispe = lambda w, h: _full(b"ispe", 0, struct.pack(">II", w, h))  # noqa: E731
-    ipco = _box(b"ipco", ispe(cols * tile, rows * tile) + ispe(tile, tile) + config)
+    ipco = _box(b"ipco", ispe(cw, ch) + ispe(tile, tile) + config)
     ipma = _full(b"ipma", 0, struct.pack(">I", n + 1) + struct.pack(">HBB", 1, 1, 1)
                  + b"".join(struct.pack(">HBBB", i, 2, 2, 0x83) for i in ids))
     iprp = _box(b"iprp", ipco + ipma)
@@ -339,6 +344,18 @@ def isobmff_grid(codec: str, cols: int, rows: int, tile: int = 64) -> bytes:
         return _full(b"meta", 0, hdlr + pitm + iloc(mdat_payload) + iinf + iref + iprp + idat)
     head = len(ftyp) + len(meta(0)) + 8
     return ftyp + meta(head) + _box(b"mdat", coded)
+
+
+def _flat_tile(codec: str, tile: int) -> bytes:
+    if tile <= 256:
+        return avif(tile, tile, quality=60) if codec == "avif" else heic(tile, tile, quality=60)
+    return flat_avif(tile) if codec == "avif" else heic(image=Image.new("RGB", (tile, tile), (90, 120, 150)),
+                                                        quality=30)
+
+
+def flat_avif(side: int) -> bytes:
+    """A flat side x side AVIF (fast to encode at any size)."""
+    return save(Image.new("RGB", (side, side), (90, 120, 150)), "AVIF", quality=30, speed=10)
 
 
 def with_ispe(data: bytes, w: int, h: int) -> bytes:
@@ -480,6 +497,7 @@ def truncated(data: bytes, keep: float = 0.5) -> bytes:
     return data[:max(16, int(len(data) * keep))]
 
 
+@functools.lru_cache(maxsize=None)
 def hostile() -> dict[str, tuple[bytes, set[str]]]:
     """name -> (bytes, acceptable error codes). Each must be refused, fast, in bounded memory."""
     from vlm_gateway.stages.images.decode import HEIF
@@ -503,10 +521,33 @@ def hostile() -> dict[str, tuple[bytes, set[str]]]:
         "webp_huge_canvas": (webp_huge_canvas(), large),
         "avif_huge_ispe": (with_ispe(avif(64, 64), 60000, 60000), large | corrupt),
         "avif_grid_4096_tiles": (isobmff_grid("avif", 64, 64), cplx),
+        # within the pixel limit, but the decode would hold several bytes per canvas pixel (#32)
+        "png_rgba_64mp": (rgba_png_big(), large),
+        "apng_64mp_canvas_tiny_frames": (apng_big_canvas(), large),
+        "gif_64mp_canvas_tiny_frame": (gif_big_canvas(), large),
+        "gif_36mp_canvas_tiny_frames": (gif_big_canvas(6000, 6000, 200), large),
+        "webp_animated_64mp_canvas_1x1": (webp_animated_canvas(), large),
+        "webp_animated_64mp_canvas_2000_frames": (webp_animated_canvas(frames=2000), large),
+        "webp_animated_25mp_canvas": (webp_animated_canvas(5000, 5000), large),
+        "jpeg_multiscan_64mp": (flat_jpeg(8000, 8000, 3), large),
+        "jpeg_multiscan_grey_repeated_scans": (flat_jpeg(8000, 8000, 1, scans=3), large | corrupt),
+        # grids whose tiles do not tile their canvas, and coded frames larger than declared
+        "avif_grid_900_tiles_of_1448_on_7680": (isobmff_grid("avif", 30, 30, 1448, canvas=(7680, 7680)), corrupt),
+        "avif_grid_tiles_beyond_a_small_canvas": (isobmff_grid("avif", 30, 30, 1448, canvas=(1920, 1920)),
+                                                  corrupt),
+        "avif_codes_more_than_its_ispe": (with_ispe(flat_avif(4000), 64, 64), corrupt),
+        "avif_grid_tiles_code_more_than_their_ispe": (isobmff_grid("avif", 8, 8, 64, coded=1024), corrupt),
     }
     if HEIF:
         cases["heic_huge_ispe"] = (with_ispe(heic(64, 64), 60000, 60000), large | corrupt)
         cases["heic_grid_4096_tiles"] = (isobmff_grid("heif", 64, 64), cplx)
+        cases["heic_grid_900_tiles_of_1448_on_7680"] = (isobmff_grid("heif", 30, 30, 1448, canvas=(7680, 7680)),
+                                                        corrupt)
+        cases["heic_grid_900_tiles_of_2048_on_7680"] = (isobmff_grid("heif", 30, 30, 2048, canvas=(7680, 7680)),
+                                                        corrupt)
+        cases["heic_grid_tiles_beyond_a_small_canvas"] = (isobmff_grid("heif", 20, 20, 1448, canvas=(2000, 2000)),
+                                                          corrupt)
+        cases["heic_grid_64mp_canvas"] = (isobmff_grid("heif", 16, 16, 500), large)
     small = {"png": screenshot_png(600, 400, (40, 20)), "jpeg": photo_jpeg(600, 400), "gif": animated_gif(300, 200),
              "webp": webp(600, 400), "bmp": bmp(300, 200), "tiff": tiff(300, 200), "avif": avif(320, 240)}
     if HEIF:
@@ -557,3 +598,234 @@ def desktop_screenshot(w: int = 1920, h: int = 1080, seed: int = 5) -> Image.Ima
 
 def desktop_screenshot_png(w: int = 1920, h: int = 1080, seed: int = 5) -> bytes:
     return save(desktop_screenshot(w, h, seed), "PNG")
+
+
+def flat_jpeg(w: int, h: int, components: int = 1, scans: int = 1) -> bytes:
+    """A real baseline JPEG of any size, written without holding its pixels: Huffman
+    tables of one 1-bit code each (DC difference 0, end of block), so every 8x8 block is
+    two zero bits (16000x16000 grey: 1 MB). ``components`` 3: one non-interleaved scan per
+    component (a multi-scan file, for which libjpeg buffers every coefficient of the
+    image); ``scans`` > 1 repeats the (last) scan."""
+    def seg(marker: int, body: bytes) -> bytes:
+        return bytes([0xFF, marker]) + struct.pack(">H", len(body) + 2) + body
+    blocks = ((w + 7) // 8) * ((h + 7) // 8)
+    data = b"\x00" * ((blocks * 2 + 7) // 8)
+    ids = range(1, components + 1)
+    sof = struct.pack(">BHHB", 8, h, w, components) + b"".join(bytes([i, 0x11, 0]) for i in ids)
+    body = [seg(0xDA, bytes([1, i, 0x00, 0x00, 0x3F, 0x00])) + data for i in ids]
+    body += body[-1:] * (scans - 1)
+    return (b"\xff\xd8" + seg(0xDB, b"\x00" + b"\x01" * 64) + seg(0xC0, sof)
+            + seg(0xC4, b"\x00" + b"\x01" + b"\x00" * 15 + b"\x00")   # DC table 0: one code, symbol 0
+            + seg(0xC4, b"\x10" + b"\x01" + b"\x00" * 15 + b"\x00")   # AC table 0: one code, EOB
+            + b"".join(body) + b"\xff\xd9")
+
+
+# -- canvases within the pixel limit whose decode holds several bytes per canvas pixel -----
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def _rows_deflated(row: bytes, h: int) -> bytes:
+    z = zlib.compressobj(1)
+    return b"".join(z.compress(row) for _ in range(h)) + z.flush()
+
+
+def rgba_png_big(w: int = 8000, h: int = 8000) -> bytes:
+    """A real w x h RGBA PNG with varying transparency (64 MP: 1.3 MB; rows repeat)."""
+    x = np.arange(w)
+    px = np.stack([x % 256, (x // 3) % 256, (x // 7) % 256, (x * 255 // max(1, w - 1))], -1).astype(np.uint8)
+    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 6, 0, 0, 0))
+            + _chunk(b"IDAT", _rows_deflated(b"\x00" + px.tobytes(), h)) + _chunk(b"IEND", b""))
+
+
+def apng_big_canvas(w: int = 8000, h: int = 8000, frames: int = 50) -> bytes:
+    """An APNG whose w x h default image (transparent, so converted) is followed by
+    ``frames`` 1x1 frames: the first frame is the whole canvas."""
+    def fctl(seq: int, fw: int, fh: int) -> bytes:
+        return _chunk(b"fcTL", struct.pack(">IIIIIHHBB", seq, fw, fh, 0, 0, 1, 10, 0, 0))
+    out = [b"\x89PNG\r\n\x1a\n", _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 6, 0, 0, 0)),
+           _chunk(b"acTL", struct.pack(">II", frames + 1, 0)), fctl(0, w, h),
+           _chunk(b"IDAT", _rows_deflated(b"\x00" + b"\x10\x20\x30\x80" * w, h))]
+    seq = 1
+    for _ in range(frames):
+        out.append(fctl(seq, 1, 1))
+        out.append(_chunk(b"fdAT", struct.pack(">I", seq + 1) + zlib.compress(b"\x00\x01\x02\x03\x04")))
+        seq += 2
+    return b"".join(out + [_chunk(b"IEND", b"")])
+
+
+def gif_big_canvas(w: int = 8000, h: int = 8000, frames: int = 1) -> bytes:
+    """A GIF whose w x h logical screen holds only 1x1 frames."""
+    one = b"," + struct.pack("<HHHHB", 0, 0, 1, 1, 0) + b"\x02\x02\x44\x01\x00"
+    return b"GIF89a" + struct.pack("<HHBBB", w, h, 0, 0, 0) + one * frames + b";"
+
+
+def webp_animated_canvas(w: int = 8000, h: int = 8000, frames: int = 1) -> bytes:
+    """An animated WebP (VP8X + ANIM) of a w x h canvas and ``frames`` 1x1 lossless frames:
+    92 bytes for one frame."""
+    tiny = save(Image.new("RGBA", (1, 1), (200, 10, 10, 255)), "WEBP", lossless=True)
+    vp8l = tiny[12:]  # the VP8L chunk, header included
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return kind + struct.pack("<I", len(body)) + body + (b"\0" if len(body) % 2 else b"")
+    anmf = chunk(b"ANMF", b"\0" * 6 + (0).to_bytes(3, "little") * 2 + (100).to_bytes(3, "little") + b"\x00" + vp8l)
+    body = (b"WEBP" + chunk(b"VP8X", bytes([0x12]) + b"\0\0\0" + (w - 1).to_bytes(3, "little")
+                            + (h - 1).to_bytes(3, "little"))
+            + chunk(b"ANIM", b"\xff\xff\xff\xff\x00\x00") + anmf * frames)
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def memory_corpus(w: int = 2400, h: int = 1600) -> list[tuple[str, bytes, bool]]:
+    """Valid images of every format, mode and conversion the decoder has a path for, large
+    enough (3.8 MP) that what grows with the canvas dominates what a decode holds: the
+    measurements of ``memory.need`` are checked on them (tests/test_images_memory.py).
+    (name, bytes, whether sending it at its own size converts it: worth measuring too)."""
+    import pillow_heif
+    y, x = np.mgrid[0:h, 0:w]
+    rgb = np.stack([x * 255 // w, y * 255 // h, (x + y) % 256], -1).astype(np.uint8)
+    rgb[::37] = 0
+    im = Image.fromarray(rgb)
+    rgba = Image.fromarray(np.dstack([rgb, (x * 255 // w).astype(np.uint8)]))
+    p = im.convert("P")
+    p3 = display_p3_icc()
+    rot6 = (b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x01"  # one IFD entry: Orientation = 6
+            b"\x01\x12\x00\x03\x00\x00\x00\x01\x00\x06\x00\x00\x00\x00\x00\x00")
+    a16 = np.zeros((h, w, 3), np.uint16)
+    a16[..., 0], a16[..., 1] = x * 65535 // w, y * 65535 // h
+    heic10 = io.BytesIO()
+    pillow_heif.from_bytes(mode="RGB;16", size=(w, h), data=a16.tobytes()).save(heic10, quality=50)
+    grey16 = Image.fromarray((x * 65535 // w).astype(np.uint16))
+    same = {"jpeg", "jpeg_grey", "jpeg_progressive", "png_rgb", "png_grey", "png_palette", "png16_rgb", "gif"}
+    images = {
+        "jpeg": save(im, "JPEG", quality=85),
+        "jpeg_progressive": save(im, "JPEG", quality=85, progressive=True),
+        "jpeg_progressive_444": save(im, "JPEG", quality=85, progressive=True, subsampling=0),
+        "jpeg_grey": save(im.convert("L"), "JPEG", quality=85),
+        "jpeg_cmyk": save(im.convert("CMYK"), "JPEG", quality=85),
+        "jpeg_p3": save(im, "JPEG", quality=85, icc_profile=p3),
+        "jpeg_rotated": save(im, "JPEG", quality=85, exif=rot6),
+        "jpeg_multiscan": flat_jpeg(w, h, 3),
+        "png_rgb": save(im, "PNG", compress_level=1),
+        "png_grey": save(im.convert("L"), "PNG", compress_level=1),
+        "png_rgba": save(rgba, "PNG", compress_level=1),
+        "png_la": save(rgba.convert("LA"), "PNG", compress_level=1),
+        "png_palette": save(p, "PNG", compress_level=1),
+        "png_palette_transparent": save(p, "PNG", transparency=0, compress_level=1),
+        "png16_rgb": png16_rgb(w, h),
+        "png16_grey": save(grey16, "PNG", compress_level=1),
+        "apng": save(im, "PNG", save_all=True, append_images=[im.point(lambda v: 255 - v)], compress_level=1),
+        "gif": save(p, "GIF"),
+        "gif_transparent": save(p, "GIF", transparency=0),
+        "webp": save(im, "WEBP", quality=80, method=0),
+        "webp_alpha": save(rgba, "WEBP", quality=80, method=0),
+        "webp_animated": save(im, "WEBP", save_all=True, append_images=[im.point(lambda v: 255 - v)], quality=50,
+                              method=0),
+        "tiff": save(im, "TIFF"),
+        "tiff_grey16": save(grey16, "TIFF"),
+        "bmp": save(im, "BMP"),
+        "bmp_rgba": save(rgba, "BMP"),
+        "avif": save(im, "AVIF", quality=50, speed=10),
+        "avif_444": save(im, "AVIF", quality=50, speed=10, subsampling="4:4:4"),
+        "avif_alpha": save(rgba, "AVIF", quality=50, speed=10),
+        "heic": heic(image=im, quality=50),
+        "heic_p3": heic(image=im, quality=50, icc_profile=p3),
+        "heic_alpha": heic(image=rgba, quality=50),
+        "heic_10bit": heic10.getvalue(),
+    }
+    return [(name, data, name not in same) for name, data in images.items()]
+
+
+# -- every bit depth: two halves of known colour (#32, class 8) ------------------------------------
+
+def _over_white(rgb, alpha: float) -> tuple[int, int, int]:
+    return tuple(round(c * alpha + 255 * (1 - alpha)) for c in rgb)
+
+
+def _pack(values: np.ndarray, bits: int) -> bytes:
+    """A row of ``bits``-bit samples, packed most significant first, padded to a byte."""
+    per = 8 // bits
+    v = np.zeros(-(-len(values) // per) * per, np.uint8)
+    v[:len(values)] = values
+    v = v.reshape(-1, per)
+    out = np.zeros(len(v), np.uint8)
+    for j in range(per):
+        out |= (v[:, j] << (8 - bits * (j + 1))).astype(np.uint8)
+    return out.tobytes()
+
+
+def _tiff16(w: int, h: int, samples: np.ndarray, photometric: int, extra: int = 0) -> bytes:
+    """An uncompressed 16-bit TIFF (one strip, little-endian) of ``samples`` (h x w x spp)."""
+    spp = samples.shape[2]
+    data = samples.astype("<u2").tobytes()
+    tags = [(256, 4, 1, w), (257, 4, 1, h), (258, 3, spp, 16), (259, 3, 1, 1), (262, 3, 1, photometric),
+            (273, 4, 1, 0), (277, 3, 1, spp), (278, 4, 1, h), (279, 4, 1, len(data))]
+    if extra:
+        tags.append((338, 3, 1, extra))  # ExtraSamples: 2 = unassociated alpha
+    ifd = 8
+    bps = ifd + 2 + 12 * len(tags) + 4
+    strip = bps + (2 * spp if spp > 2 else 0)
+    out = b"II*\x00" + struct.pack("<IH", ifd, len(tags))
+    for tag, typ, count, value in tags:
+        if tag == 258 and spp > 2:
+            out += struct.pack("<HHII", tag, typ, count, bps)
+        elif tag == 258:
+            out += struct.pack("<HHI", tag, typ, count) + struct.pack("<HH", *([16] * count + [0])[:2])
+        elif tag == 273:
+            out += struct.pack("<HHII", tag, typ, count, strip)
+        elif typ == 3:
+            out += struct.pack("<HHIHH", tag, typ, count, value, 0)
+        else:
+            out += struct.pack("<HHII", tag, typ, count, value)
+    out += struct.pack("<I", 0) + (struct.pack(f"<{spp}H", *[16] * spp) if spp > 2 else b"")
+    return out + data
+
+
+def bit_depth(kind: str, w: int = 2000, h: int = 1500) -> tuple[bytes, tuple, tuple]:
+    """(image, left half's colour, right half's colour as a viewer shows them on white) for
+    ``kind`` in BIT_DEPTHS: PNG of 16-bit RGB, RGBA, grey and grey+alpha, 1/2/4-bit
+    palette and grey; 16-bit TIFF of RGB, RGBA and grey."""
+    half = w // 2
+    if kind.startswith("tiff"):
+        spp = {"tiff16_rgb": 3, "tiff16_rgba": 4, "tiff16_grey": 1}[kind]
+        left, right = [(60000, 20000, 5000, 65535), (1000, 40000, 65535, 32768)][0][:spp], \
+            [(60000, 20000, 5000, 65535), (1000, 40000, 65535, 32768)][1][:spp]
+        if spp == 1:
+            left, right = (40000,), (10000,)
+        a = np.zeros((h, w, spp), np.uint16)
+        a[:, :half], a[:, half:] = left, right
+        data = _tiff16(w, h, a, 1 if spp == 1 else 2, extra=2 if spp == 4 else 0)
+    else:
+        bits, ctype = {"png16_rgb": (16, 2), "png16_rgba": (16, 6), "png16_grey": (16, 0),
+                       "png16_grey_alpha": (16, 4), "png1_palette": (1, 3), "png2_palette": (2, 3),
+                       "png4_palette": (4, 3), "png1_grey": (1, 0), "png2_grey": (2, 0),
+                       "png4_grey": (4, 0)}[kind]
+        extra = b""
+        if bits == 16:
+            left = {2: (60000, 20000, 5000), 6: (60000, 20000, 5000, 65535), 0: (40000,), 4: (40000, 65535)}[ctype]
+            right = {2: (1000, 40000, 65535), 6: (1000, 40000, 65535, 32768), 0: (10000,), 4: (10000, 32768)}[ctype]
+            row = struct.pack(f">{len(left)}H", *left) * half + struct.pack(f">{len(right)}H", *right) * (w - half)
+        else:
+            top = (1 << bits) - 1
+            lv, rv = (0, top) if ctype == 3 else (top, top // 3 if bits > 1 else 0)
+            row = _pack(np.array([lv] * half + [rv] * (w - half), np.uint8), bits)
+            if ctype == 3:
+                palette = [(20 + 12 * i, 200 - 10 * i, (60 * i) % 256) for i in range(top + 1)]
+                extra = _chunk(b"PLTE", bytes(c for p in palette for c in p))
+                left, right = palette[lv], palette[rv]
+            else:
+                left, right = (lv * 255 // top,), (rv * 255 // top,)
+        data = _png_chunks(struct.pack(">IIBBBBB", w, h, bits, ctype, 0, 0, 0),
+                           _rows_deflated(b"\x00" + row, h), extra)
+
+    def shown(c):
+        if max(c) > 255:  # 16-bit samples
+            c = tuple(v / 257 for v in c)
+        if len(c) in (2, 4):
+            return _over_white(c[:-1] * (3 if len(c) == 2 else 1), c[-1] / 255)
+        return tuple(round(v) for v in (c * 3 if len(c) == 1 else c))
+    return data, shown(left), shown(right)
+
+
+BIT_DEPTHS = ("png16_rgb", "png16_rgba", "png16_grey", "png16_grey_alpha", "png1_palette", "png2_palette",
+              "png4_palette", "png1_grey", "png2_grey", "png4_grey", "tiff16_rgb", "tiff16_rgba", "tiff16_grey")

@@ -133,6 +133,8 @@ BAD: dict[str, typing.Any] = {
     "limits.max_total_video_bytes": -1,
     "limits.max_total_audio_bytes": -1,
     "limits.max_media_bytes_in_flight": -1,
+    "images.max_decode_bytes": -1,
+    "images.max_decode_bytes_in_flight": -1,
     "backends[].metrics_format": "json",
     "images.coordinates": "qwen4",
     "discovery[].kind": "consul",

@@ -209,3 +209,37 @@ def test_orientation_applied_once_in_every_format(fmt):
     assert (r.width, r.height) == (400, 600)
     o = np.asarray(out_image(r)).astype(int)
     assert o[5, 200, 0] > 200 and o[-5, 200, 2] > 200
+
+
+def _halves(r) -> tuple[np.ndarray, np.ndarray]:
+    a = np.asarray(out_image(r)).astype(int)
+    return a[a.shape[0] // 2, a.shape[1] // 4], a[a.shape[0] // 2, 3 * a.shape[1] // 4]
+
+
+@pytest.mark.parametrize("kind", C.BIT_DEPTHS)
+def test_every_bit_depth_is_rewritten_as_a_viewer_shows_it(kind):
+    """#32 class 8: a valid 2000x1500 16-bit RGB PNG was refused as corrupt (libvips reads
+    16-bit samples, the size check took them for a mismatch). Every depth, over the
+    budget and within it, arrives with the colours a viewer shows (on white where there
+    is transparency)."""
+    data, left, right = C.bit_depth(kind, 2000, 1500)
+    r = rewrite_bytes(data)
+    assert (r.source_width, r.source_height) == (2000, 1500) and (r.width, r.height) == (768, 576), r
+    got_left, got_right = _halves(r)
+    assert np.abs(got_left - left).max() <= 3 and np.abs(got_right - right).max() <= 3, (got_left, got_right)
+    small, left, right = C.bit_depth(kind, 600, 400)
+    r = rewrite_bytes(small)
+    assert (r.width, r.height) == (600, 400) and (r.passthrough or r.mime in ENGINE_MIMES)
+    got_left, got_right = _halves(r)
+    assert np.abs(got_left - left).max() <= 3 and np.abs(got_right - right).max() <= 3, (got_left, got_right)
+
+
+def test_16bit_rgb_png_takes_the_libvips_decode_with_pillows_pixels():
+    from vlm_gateway.stages.images import vips
+    if not vips.VIPS:
+        pytest.skip("libvips is not installed")
+    data, _, _ = C.bit_depth("png16_rgb", 640, 480)
+    im = Image.open(io.BytesIO(data))
+    assert vips.plain_png(im)
+    got = vips.rgb(vips.decode_png(data, im.size))
+    assert np.array_equal(np.asarray(got), np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))

@@ -319,10 +319,14 @@ def test_bounds_harness_sees_a_real_allocation():
     """The harness measures: a legitimate 48 MP PNG decode shows its memory, and a tight
     address-space limit turns it into a refusal instead of a crash. In a fresh interpreter:
     a test process's freed-but-resident heap would absorb the child's allocation."""
-    [ok] = _bounded("--control", "--as-mb", "1024", "--cpu-s", "10")
+    [ok] = _bounded("--control", "--as-mb", "1024", "--cpu-s", "10", "--max-decode-mb", "0")
     assert ok["result"] == "accepted" and ok["rss_growth_mb"] > 100, ok
-    [tight] = _bounded("--control", "--as-mb", "64", "--cpu-s", "10")
+    [tight] = _bounded("--control", "--as-mb", "64", "--cpu-s", "10", "--max-decode-mb", "0")
     assert tight["result"] == "image_too_large", tight
+    # and the memory cap refuses it before the decode allocates: nothing grows
+    [capped] = _bounded("--control", "--as-mb", "1024", "--cpu-s", "10", "--max-decode-mb", "256")
+    assert capped["result"] == "image_too_large" and "images.max_decode_bytes" in capped["message"], capped
+    assert capped["rss_growth_mb"] < 16 and capped["estimate_mb"] == 0, capped
 
 
 @pytest.mark.parametrize("data", [C.gif_canvas_bomb(), C.gif_small_canvas_bomb()])

@@ -13,8 +13,10 @@ Deterministic: the same arguments give the same bytes (x264 in one thread).
 
 from __future__ import annotations
 
+import functools
 import io
 import random
+import struct
 from fractions import Fraction
 from typing import Callable, Iterable
 
@@ -149,6 +151,7 @@ def blank_frames(n: int, w: int, h: int) -> Iterable[np.ndarray]:
         yield arr
 
 
+@functools.lru_cache(maxsize=None)
 def huge_frame_size() -> bytes:
     """A few KB declaring 8192x8192 frames (67 megapixels each)."""
     return encode(blank_frames(2, 8192, 8192), 1, preset="ultrafast")
@@ -184,3 +187,243 @@ def cached(fn: Callable[..., bytes]):
     """Memoise a generator in-process (tests build the same clip many times)."""
     import functools
     return functools.lru_cache(maxsize=None)(fn)
+
+
+# -- containers whose own tables declare more than their bytes hold ---------------------------
+# (FFmpeg builds an index entry per declared sample, or allocates a frame of the declared
+# size, before a single frame is decoded: these must be refused from the tables themselves)
+
+_ISO_CONTAINERS = {b"moov", b"trak", b"mdia", b"minf", b"stbl", b"dinf", b"edts", b"udta", b"mvex", b"moof",
+                   b"traf"}
+
+
+def iso_tree(data: bytes, start: int = 0, end: int | None = None) -> list:
+    """ISOBMFF boxes as ``[kind, payload bytes | children]`` (32-bit sizes, as PyAV writes)."""
+    end = len(data) if end is None else end
+    out, i = [], start
+    while i + 8 <= end:
+        size, kind = struct.unpack_from(">I4s", data, i)
+        size = size or end - i
+        out.append([kind, iso_tree(data, i + 8, i + size) if kind in _ISO_CONTAINERS else data[i + 8:i + size]])
+        i += size
+    return out
+
+
+def iso_bytes(tree: list) -> bytes:
+    out = b""
+    for kind, body in tree:
+        payload = iso_bytes(body) if isinstance(body, list) else body
+        out += struct.pack(">I", 8 + len(payload)) + kind + payload
+    return out
+
+
+def iso_find(tree: list, *path: bytes) -> list:
+    """The first box at ``path`` (its ``[kind, body]`` list, edited in place)."""
+    for box in tree:
+        if box[0] == path[0]:
+            return box if len(path) == 1 else iso_find(box[1], *path[1:])
+    raise KeyError(path)
+
+
+def _full_box(version: int, flags: int, body: bytes) -> bytes:
+    return bytes([version]) + flags.to_bytes(3, "big") + body
+
+
+def _small_mp4(frames: int = 2, side: int = 16, **kw) -> bytes:
+    return encode(blank_frames(frames, side, side), 1, preset="ultrafast", **kw)
+
+
+def mp4_declared_samples(n: int = 20_000_000, track: str = "video") -> bytes:
+    """A ~1.8 KB MP4 whose sample tables declare ``n`` samples of one byte (constant size:
+    no table behind the count). ``track="second"``: the video track is honest and a second
+    (subtitle) track carries the count, which the demuxer indexes all the same."""
+    tree = iso_tree(_small_mp4())
+    moov = iso_find(tree, b"moov")
+    trak = iso_find(moov[1], b"trak")
+    target = trak
+    if track == "second":
+        import copy
+        target = copy.deepcopy(trak)
+        tkhd = iso_find(target[1], b"tkhd")
+        body = bytearray(tkhd[1])
+        struct.pack_into(">I", body, 12 if body[0] == 0 else 20, 2)  # track_ID 2
+        tkhd[1] = bytes(body)
+        hdlr = iso_find(target[1], b"mdia", b"hdlr")
+        hdlr[1] = hdlr[1][:8] + b"sbtl" + hdlr[1][12:]
+        moov[1].insert(moov[1].index(trak) + 1, target)
+    stbl = iso_find(target[1], b"mdia", b"minf", b"stbl")
+    offset = struct.unpack_from(">I", iso_find(stbl[1], b"stco")[1], 8)[0]
+    keep = [b for b in stbl[1] if b[0] == b"stsd"]
+    stbl[1] = keep + [
+        [b"stts", _full_box(0, 0, struct.pack(">III", 1, n, 512))],
+        [b"stsc", _full_box(0, 0, struct.pack(">IIII", 1, 1, n, 1))],
+        [b"stsz", _full_box(0, 0, struct.pack(">II", 1, n))],
+        [b"stco", _full_box(0, 0, struct.pack(">II", 1, offset))],
+    ]
+    return iso_bytes(tree)
+
+
+def mp4_huge_stts(n: int = 20_000_000) -> bytes:
+    """An honest two-sample MP4 whose time-to-sample table declares ``n`` samples."""
+    tree = iso_tree(_small_mp4())
+    stts = iso_find(tree, b"moov", b"trak", b"mdia", b"minf", b"stbl", b"stts")
+    stts[1] = _full_box(0, 0, struct.pack(">III", 1, n, 512))
+    return iso_bytes(tree)
+
+
+def mp4_fragmented_trun(n: int = 20_000_000) -> bytes:
+    """A fragmented MP4 (empty_moov + moof) whose track run declares ``n`` samples and no
+    per-sample fields: every sample takes the defaults, so ``n`` costs no bytes."""
+    import av
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4", options={"movflags": "frag_keyframe+empty_moov"}) as out:
+        s = out.add_stream("libx264", rate=1, options={"threads": "1", "preset": "ultrafast"})
+        s.width = s.height = 16
+        s.pix_fmt = "yuv420p"
+        for j, arr in enumerate(blank_frames(2, 16, 16)):
+            vf = av.VideoFrame.from_ndarray(arr, format="rgb24")
+            vf.pts = j
+            for p in s.encode(vf):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    data = buf.getvalue()
+    tree = iso_tree(data)
+    traf = iso_find(tree, b"moof", b"traf")
+    tfhd = iso_find(traf[1], b"tfhd")
+    track_id = struct.unpack_from(">I", tfhd[1], 4)[0]
+    # defaults for every sample: duration 512, size 1, flags "sync"; base offset = the moof
+    tfhd[1] = _full_box(0, 0x020000 | 0x08 | 0x10 | 0x20, struct.pack(">IIII", track_id, 512, 1, 0))
+    trun = iso_find(traf[1], b"trun")
+    trun[1] = _full_box(0, 0x000001, struct.pack(">Ii", n, 0))
+    moof_size = len(iso_bytes([iso_find(tree, b"moof")]))  # data offset: past the moof and mdat header
+    trun[1] = _full_box(0, 0x000001, struct.pack(">Ii", n, moof_size + 8))
+    return iso_bytes(tree)
+
+
+def mjpeg_growing_frame(fmt: str = "avi", w: int = 16000, h: int = 16000, at: int = 3, frames: int = 5) -> bytes:
+    """An MJPEG stream (AVI or Matroska) declaring 64x64 frames whose frame ``at`` is a
+    real ``w``x``h`` JPEG (1 MB at 16000x16000: flat grey blocks). The decoder allocates
+    (and zero-fills) a frame of that size when it meets it."""
+    import av
+    from image_corpus import flat_jpeg
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format=fmt) as out:
+        s = out.add_stream("mjpeg", rate=5)
+        s.width = s.height = 64
+        s.pix_fmt = "yuvj420p"
+        s.time_base = Fraction(1, 5)
+        small = None
+        for j, arr in enumerate(blank_frames(frames, 64, 64)):
+            vf = av.VideoFrame.from_ndarray(arr, format="rgb24")
+            vf.pts = j
+            for p in s.encode(vf):
+                if j == at:
+                    p = av.Packet(flat_jpeg(w, h))
+                    p.stream, p.pts, p.dts, p.time_base, p.is_keyframe = s, j, j, Fraction(1, 5), True
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    return buf.getvalue()
+
+
+def mp4_audio_chunks(chunks: int = 40, per_chunk: int = 0xFFFFFFFF) -> bytes:
+    """An honest 16x16 video track beside an uncompressed audio track ('sowt', indexed by
+    chunk) of ``chunks`` chunks that each declare ``per_chunk`` samples: FFmpeg makes an
+    index entry per 1024 samples of every chunk (40 x 4 million for 1.5 KB)."""
+    import copy
+    tree = iso_tree(_small_mp4())
+    moov = iso_find(tree, b"moov")
+    trak = iso_find(moov[1], b"trak")
+    audio = copy.deepcopy(trak)
+    tkhd = iso_find(audio[1], b"tkhd")
+    body = bytearray(tkhd[1])
+    struct.pack_into(">I", body, 12 if body[0] == 0 else 20, 2)
+    tkhd[1] = bytes(body)
+    hdlr = iso_find(audio[1], b"mdia", b"hdlr")
+    hdlr[1] = hdlr[1][:8] + b"soun" + hdlr[1][12:]
+    minf = iso_find(audio[1], b"mdia", b"minf")
+    minf[1] = [[b"smhd", _full_box(0, 0, b"\0" * 4)] if b[0] == b"vmhd" else b for b in minf[1]]
+    stbl = iso_find(minf[1], b"stbl")
+    offset = struct.unpack_from(">I", iso_find(stbl[1], b"stco")[1], 8)[0]
+    sowt = b"\0" * 6 + struct.pack(">HHHIHHHHI", 1, 0, 0, 0, 2, 16, 0, 0, 48000 << 16)
+    stbl[1] = [
+        [b"stsd", _full_box(0, 0, struct.pack(">I", 1) + struct.pack(">I4s", 8 + len(sowt), b"sowt") + sowt)],
+        [b"stts", _full_box(0, 0, struct.pack(">III", 1, 48000, 1))],
+        [b"stsc", _full_box(0, 0, struct.pack(">IIII", 1, 1, per_chunk, 1))],
+        [b"stsz", _full_box(0, 0, struct.pack(">II", 4, 48000))],
+        [b"stco", _full_box(0, 0, struct.pack(">I", chunks) + struct.pack(">I", offset) * chunks)],
+    ]
+    moov[1].insert(moov[1].index(trak) + 1, audio)
+    return iso_bytes(tree)
+
+
+def mp4_fragments(fragments: int = 200, per_run: int = 200_000) -> bytes:
+    """A fragmented MP4 whose ``fragments`` moof boxes each declare ``per_run`` samples:
+    every run alone within any limit, together 40 million."""
+    data = mp4_fragmented_trun(per_run)
+    tree = iso_tree(data)
+    moof = iso_find(tree, b"moof")
+    i = tree.index(moof)
+    return iso_bytes(tree[:i] + [moof, tree[i + 1]] * fragments + tree[i + 2:])
+
+
+def growing_h264(fmt: str = "mpegts") -> bytes:
+    """64x64 H.264 with an 8192x8192 keyframe in the middle (two streams end to end in
+    MPEG-TS: a new sequence parameter set mid-stream)."""
+    small = encode(blank_frames(10, 64, 64), 5, fmt=fmt, preset="ultrafast")
+    return small + encode(blank_frames(1, 8192, 8192), 5, fmt=fmt, preset="ultrafast") + small
+
+
+@functools.lru_cache(maxsize=None)
+def hostile_tables() -> dict[str, tuple[bytes, set[str]]]:
+    """name -> (bytes, acceptable codes): containers that declare more than they hold,
+    and frames larger than the stream declared (#32). Before the fixes each cost FFmpeg
+    0.15-1.4 GB before the limit was checked."""
+    many, large = {"video_too_many_frames"}, {"video_frame_too_large"}
+    return {
+        "mp4_20m_samples": (mp4_declared_samples(), many),
+        "mp4_20m_samples_on_a_second_track": (mp4_declared_samples(track="second"), many),
+        "mp4_stts_20m_samples": (mp4_huge_stts(), many),
+        "mp4_fragment_run_of_20m_samples": (mp4_fragmented_trun(), many),
+        "mp4_200_fragments_of_200k_samples": (mp4_fragments(), many),
+        "mp4_audio_track_of_huge_chunks": (mp4_audio_chunks(), many),
+        "mp4_8192x8192_frames": (huge_frame_size(), large),
+        "avi_mjpeg_16000x16000_fourth_frame": (mjpeg_growing_frame("avi"), large),
+        "mkv_mjpeg_16000x16000_fourth_frame": (mjpeg_growing_frame("matroska"), large),
+        "mpegts_h264_8192x8192_mid_stream": (growing_h264(), large),
+    }
+
+
+def with_audio(seconds: float = 10, audio: str = "aac", fmt: str = "mp4", fragmented: bool = False,
+               w: int = 160, h: int = 120, fps: int = 30) -> bytes:
+    """A real clip with a sound track beside the video (AAC, or uncompressed PCM, which
+    the MOV demuxer indexes by chunk), optionally fragmented (moof per keyframe)."""
+    import av
+    buf = io.BytesIO()
+    opts = {"movflags": "frag_keyframe+empty_moov"} if fragmented else {}
+    with av.open(buf, mode="w", format=fmt, options=opts) as out:
+        v = out.add_stream("libx264", rate=fps, options={"threads": "1", "preset": "ultrafast",
+                                                         "x264-params": "keyint=30"})
+        v.width, v.height, v.pix_fmt = w, h, "yuv420p"
+        a = out.add_stream(audio, rate=48000, layout="stereo")
+        n = 1024
+        t = 0
+        for j, arr in enumerate(motion_frames(seconds, w, h, fps)):
+            vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
+            vf.pts = j
+            for p in v.encode(vf):
+                out.mux(p)
+            while t < (j + 1) * 48000 // fps:
+                fmt_name = "fltp" if audio == "aac" else "s16"
+                samples = np.zeros((2, n) if fmt_name == "fltp" else (1, 2 * n), np.float32 if fmt_name == "fltp"
+                                   else np.int16)
+                af = av.AudioFrame.from_ndarray(samples, format=fmt_name, layout="stereo")
+                af.sample_rate, af.pts = 48000, t
+                for p in a.encode(af):
+                    out.mux(p)
+                t += n
+        for s in (v, a):
+            for p in s.encode():
+                out.mux(p)
+    return buf.getvalue()

@@ -230,6 +230,12 @@ class ImagesConfig:
     max_fetch_bytes: int = 20 * 1024 * 1024
     max_redirects: int = 3
     max_source_pixels: int = 64_000_000
+    # Most memory one image's decode may hold (bytes, estimated before decoding: canvas x the
+    # bytes per pixel its format and conversions need, docs/IMAGES.md); more gets 400. 0 = no cap.
+    max_decode_bytes: int = 256 * 1024 * 1024
+    # Memory the image decodes running in one process may hold together (their estimates);
+    # a decode that would pass it gets 503 with Retry-After. 0 = no bound.
+    max_decode_bytes_in_flight: int = 1024 * 1024 * 1024
     trim_borders: bool = True
     trim_tolerance: int = 8
     jpeg_quality: int = 90

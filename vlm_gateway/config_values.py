@@ -319,6 +319,8 @@ RULES: dict[str, Rule] = {
     "images.fetch_timeout_s": above(0),
     "images.max_fetch_bytes": at_least(1),
     "images.max_source_pixels": at_least(1),
+    "images.max_decode_bytes": at_least(0),
+    "images.max_decode_bytes_in_flight": at_least(0),
     "images.trim_tolerance": within(0, 255),
     "images.jpeg_quality": within(1, 100),
     "images.prescale_gap": at_least(1.0),

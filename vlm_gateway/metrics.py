@@ -146,6 +146,8 @@ def render() -> tuple[bytes, str]:
     return generate_latest(), CONTENT_TYPE_LATEST
 MEDIA_BYTES_IN_FLIGHT = _gauge("vlm_gateway_media_bytes_in_flight",
                                "Media bytes held for requests in flight (fetch buffers, decoded sources)")
+DECODE_BYTES_IN_FLIGHT = _gauge("vlm_gateway_decode_bytes_in_flight",
+                                "Memory the image decodes running now hold, as estimated before each decode")
 MEDIA_PARTS = Counter("vlm_gateway_media_parts_total", "Non-image media parts by kind and outcome",
                       ("kind", "outcome"))
 VIDEOS = Counter("vlm_gateway_videos_total", "Video parts by outcome (rewritten, shared, l1_hit, forwarded, url_passthrough, refused)",

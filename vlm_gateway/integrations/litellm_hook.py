@@ -45,6 +45,7 @@ from ..config import GatewayConfig, ImagesConfig
 from ..config_load import read_config
 from ..lru import LRU
 from ..stages.images import Policy, rewrite_bytes
+from ..stages.images.memory import DecodeLimits
 from ..stages.images.decode import ImageError
 from ..stages.images.policy import resolve
 
@@ -151,7 +152,8 @@ class ImageRewriteHook(CustomLogger):
             loop = asyncio.get_running_loop()
             try:
                 r = await loop.run_in_executor(self._pool, rewrite_bytes, raw, policy,
-                                               self.images.max_source_pixels)
+                                               self.images.max_source_pixels,
+                                               DecodeLimits(self.images.max_decode_bytes))
             except ImageError as e:
                 raise litellm.BadRequestError(f"image refused: {e}", model=model,
                                               llm_provider="vlm-gateway") from None

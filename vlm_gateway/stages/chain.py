@@ -74,7 +74,7 @@ class Shared:
 
 class Chain:
     def __init__(self, cfg: GatewayConfig, levels: BudgetLevels | None = None, caps: ImageCaps | None = None) -> None:
-        budget = MediaBudget(cfg.limits)
+        budget = MediaBudget(cfg.limits, cfg.images)
         self.shared = Shared(budget, MediaSources(cfg.images, cfg.limits, budget, cfg.server.workers), levels or FullBudgets(),
                              caps or UnknownCaps())
         built = (cls.from_config(cfg, self.shared) for cls in STAGES)

@@ -12,9 +12,13 @@ Order of checks for every image (each step refuses with an ``ImageError``):
    checked again. Pillow's own bomb check stays on as a backstop
    (``Image.MAX_IMAGE_PIXELS`` is never below Pillow's default or below the
    configured limit).
-4. ``verify``/``decode_opened``: the pixels, decoded (JPEG within budget: entropy
-   decode at 1/8 scale, which reads every scan). What an engine would read
-   differently from what a viewer shows is converted (``Decoded.conversions``):
+4. ``verify``/``decode_opened``: the memory the decode will hold (``memory.need``:
+   the canvas, mode, format and conversions) against the image's ``DecodeBudget``
+   (per-image cap, process bound) before the library allocates; then the pixels,
+   decoded (JPEG within budget: entropy decode at 1/8 scale, which reads every scan),
+   and the real size and memory checked again before any conversion copies them.
+   What an engine would read differently from what a viewer shows is converted
+   (``Decoded.conversions``):
    formats engines cannot all read (AVIF, HEIF, TIFF, BMP), animation (first
    frame), EXIF orientation, colour profiles and nclx colour to sRGB, CMYK,
    16-bit and float samples, and alpha that is not fully opaque (composited onto
@@ -32,8 +36,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageOps, PngImagePlugin, features
 
-from . import colour, structure, vips
+from ...core.errors import GatewayError
+from . import colour, memory, structure, vips
 from .errors import ImageError
+from .memory import DecodeBudget
 
 try:  # HEIC/HEIF: optional extra (the heif extra: pip install '.[heif]')
     import pillow_heif
@@ -253,14 +259,17 @@ class Opened:
     exif: bool = True
     max_pixels: int = 64_000_000
     data: bytes = b""  # the file itself (a decoder other than Pillow's may read it)
+    budget: DecodeBudget = field(default_factory=DecodeBudget)  # the rewrite's decode memory
+    scans: int = 1  # JPEG scans (memory.jpeg_coefficients)
 
     @property
     def size(self) -> tuple[int, int]:
         return self.im.size
 
 
-def open_checked(data: bytes, fmt: str, max_pixels: int) -> Opened:
-    """Structural scan, open, and the real size checked (see the module docstring)."""
+def open_checked(data: bytes, fmt: str, max_pixels: int, budget: DecodeBudget | None = None) -> Opened:
+    """Structural scan, open, and the real size checked (see the module docstring).
+    ``budget``: what the decodes of this image may hold (``memory.DecodeBudget``)."""
     layout = structure.scan(data, fmt, max_pixels)
     ensure_backstop(max_pixels)
     im = _open(data, fmt)
@@ -273,7 +282,8 @@ def open_checked(data: bytes, fmt: str, max_pixels: int) -> Opened:
     if isinstance(p, dict):  # pillow-heif: the primary image's own description
         nclx = (int(p.get("color_primaries", 2)), int(p.get("transfer_characteristics", 2)),
                 int(p.get("matrix_coefficients", 2)), int(p.get("full_range_flag", 1)))
-    return Opened(im, fmt, max(1, frames), nclx, layout.exif, max_pixels, data)
+    return Opened(im, fmt, max(1, frames), nclx, layout.exif, max_pixels, data,
+                  budget if budget is not None else DecodeBudget(), layout.scans)
 
 
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
@@ -303,17 +313,31 @@ def _label(s: str) -> str:
     return _TOKEN.sub("", s)[:40].strip() or "ICC"
 
 
+_BAND = 256  # rows converted at a time: the temporaries stay a band, not the image
+
+
+def _bands(im: Image.Image):
+    for y in range(0, im.height, _BAND):
+        yield y, np.asarray(im.crop((0, y, im.width, min(im.height, y + _BAND))))
+
+
 def _to_8bit(im: Image.Image) -> Image.Image:
-    """16/32-bit integer or float samples -> 8-bit L, scaled (Pillow's convert would clip at 255)."""
+    """16/32-bit integer or float samples -> 8-bit L, scaled (Pillow's convert would clip at 255),
+    a band of rows at a time (whole-image numpy temporaries held ~14 bytes a pixel)."""
     mode = im.mode
-    a = np.asarray(im)
+    out = np.empty((im.height, im.width), np.uint8)
     if mode == "F":
-        scale = 255.0 if float(np.nanmax(a, initial=0)) <= 1.0 else 1.0
-        return Image.fromarray(np.clip(np.nan_to_num(a) * scale + 0.5, 0, 255).astype(np.uint8))
-    a = a.astype(np.uint32)
-    top = 65535 if mode.startswith("I;16") or a.max(initial=0) > 255 else 255
-    a8 = (a * 255 + top // 2) // top if top != 255 else a
-    return Image.fromarray(np.clip(a8, 0, 255).astype(np.uint8))
+        peak = max((float(np.nanmax(b, initial=0)) for _, b in _bands(im)), default=0.0)
+        scale = 255.0 if peak <= 1.0 else 1.0
+        for y, b in _bands(im):
+            out[y:y + len(b)] = np.clip(np.nan_to_num(b) * scale + 0.5, 0, 255).astype(np.uint8)
+        return Image.fromarray(out)
+    top = 65535 if mode.startswith("I;16") else (
+        65535 if max((int(b.astype(np.uint32).max(initial=0)) for _, b in _bands(im)), default=0) > 255 else 255)
+    for y, b in _bands(im):
+        a = b.astype(np.uint32)
+        out[y:y + len(b)] = np.clip((a * 255 + top // 2) // top if top != 255 else a, 0, 255).astype(np.uint8)
+    return Image.fromarray(out)
 
 
 def _icc_mode(im: Image.Image) -> str:
@@ -370,6 +394,14 @@ def to_srgb(im: Image.Image, icc: bytes | None, nclx) -> tuple[Image.Image, list
     elif im.mode in ("L", "RGB") and "transparency" in im.info:
         im = im.convert("LA" if im.mode == "L" else "RGBA")
     alpha = None
+    if im.mode == "RGBA" and not icc and not colour.needs_nclx(nclx):
+        # nothing to convert beneath the alpha: composited straight from the RGBA pixels (the
+        # same numbers as through an RGB copy and a separate alpha band, 5 bytes a pixel less)
+        if im.getextrema()[3][0] < 255:
+            white = Image.new("RGB", im.size, (255, 255, 255))
+            white.paste(im, None, im)
+            return white, ["alpha:white"]
+        return im.convert("RGB"), conv
     if im.mode in _ALPHA:
         alpha = im.getchannel("A") if im.mode in ("RGBA", "LA") else im.convert("RGBA").getchannel("A")
         im = im.convert("L" if im.mode in ("LA", "La") else "RGB")
@@ -387,7 +419,10 @@ def to_srgb(im: Image.Image, icc: bytes | None, nclx) -> tuple[Image.Image, list
     if im.mode != "RGB":
         im = im.convert("RGB")  # L; CMYK without a profile: Pillow's naive formula
     if alpha is not None and alpha.getextrema()[0] < 255:
-        im = Image.composite(im, Image.new("RGB", im.size, (255, 255, 255)), alpha)
+        # Image.composite(im, white, alpha), without the copy of white it makes
+        white = Image.new("RGB", im.size, (255, 255, 255))
+        white.paste(im, None, alpha)
+        im = white
         conv.append("alpha:white")
     return im, conv
 
@@ -403,7 +438,7 @@ class Decoded:
 def _guard(fmt: str, fn):
     try:
         return fn()
-    except ImageError:
+    except (ImageError, GatewayError):  # a refusal, or the process's media bound (503)
         raise
     except (MemoryError, Image.DecompressionBombError):
         raise ImageError("the image is too large to decode", "image_too_large") from None
@@ -412,10 +447,31 @@ def _guard(fmt: str, fn):
                          "image_corrupt") from None
 
 
+def _what(op: Opened, im: Image.Image) -> str:
+    return f"{im.width}x{im.height} {op.format.upper()} image"
+
+
+def _plain(im: Image.Image) -> bool:
+    """Sent as it came once verified (``verify``): nothing to convert."""
+    return im.mode in ("RGB", "L", "1", "P") and "transparency" not in im.info
+
+
+def _loaded(op: Opened, im: Image.Image, held: int, after: str, rotate: bool, verifying: bool = False) -> None:
+    """After ``im.load()``: the real size against the pixel limit, and the memory need of
+    what was really decoded (some decoders, HEIF, settle the size only now), before any
+    conversion copies it."""
+    check_size(op.format, *im.size, op.max_pixels)
+    plain = verifying and _plain(im)
+    now = memory.need(op.format, im, op.nclx, after="check" if plain else after, rotate=rotate, convert=not plain)
+    if now > held:
+        op.budget.need(now - held, _what(op, im))
+
+
 def decode_opened(op: Opened, draft_size: tuple[int, int] | None = None,
-                  reasons: list[str] | None = None) -> Decoded:
+                  reasons: list[str] | None = None, after: str = "rewrite") -> Decoded:
     """First frame, decoded, upright, sRGB. ``draft_size`` (as stored, before EXIF
-    rotation) lets JPEG decode with DCT scaling to no less than that size."""
+    rotation) lets JPEG decode with DCT scaling to no less than that size. Its memory is
+    counted first (``memory.need``, ``after``: what follows at the decoded size)."""
     def run() -> Decoded:
         im = op.im
         if op.frames > 1 and op.format != "heif":
@@ -424,13 +480,18 @@ def decode_opened(op: Opened, draft_size: tuple[int, int] | None = None,
         icc = im.info.get("icc_profile")
         orient = orientation(im, op.exif)
         stored_w = im.width
+        what = _what(op, im)
+        coefficients = memory.jpeg_coefficients(im, op.scans) if op.format == "jpeg" else 0
         if draft_size is not None and op.format == "jpeg":
             im.draft(None, draft_size)
         if op.format == "png" and not why and orient == 1 and op.data and vips.plain_png(im):
             # libspng: faster, and scales over threads; plain sRGB pixels, nothing to convert
+            op.budget.need(memory.need(op.format, im, op.nclx, vips_png=True, after=after), what)
             return Decoded(vips.decode_png(op.data, im.size), 1.0, [], op.frames)
+        held = memory.need(op.format, im, op.nclx, after=after, rotate=orient != 1, coefficients=coefficients)
+        op.budget.need(held, what)
         im.load()
-        check_size(op.format, *im.size, op.max_pixels)  # some decoders (HEIF) settle the size only now
+        _loaded(op, im, held, after, orient != 1)
         scale = stored_w / im.width
         if orient != 1:
             im = ImageOps.exif_transpose(im)
@@ -444,12 +505,14 @@ def verify(op: Opened) -> Decoded | None:
     a viewer shows it, so the original bytes may go. Otherwise the converted image."""
     reasons = static_reasons(op)
     if reasons:
-        return decode_opened(op, reasons=reasons)
+        return decode_opened(op, reasons=reasons, after="convert")
     im = op.im
 
     def run() -> Decoded | None:
         if op.format == "jpeg":  # every scan entropy-decoded, IDCT at 1/8: the cheap full check
+            coefficients, what = memory.jpeg_coefficients(im, op.scans), _what(op, im)
             im.draft(None, (max(1, im.width // 8), max(1, im.height // 8)))
+            op.budget.need(memory.need(op.format, im, op.nclx, coefficients=coefficients), what)
             im.load()
             return None
         if op.format == "png" and im.mode in ("RGB", "L", "P", "1") and "transparency" not in im.info:
@@ -457,8 +520,12 @@ def verify(op: Opened) -> Decoded | None:
             # corruption are caught without inflating (see docs/benchmarks/images.md). A GIF's
             # blocks carry no checksum, so a GIF is decoded (LZW is cheap at these sizes).
             return None
+        # what is sent as it came is only decoded; the rest is converted at its own size
+        plain = _plain(im)
+        held = memory.need(op.format, im, op.nclx, after="check" if plain else "convert", convert=not plain)
+        op.budget.need(held, _what(op, im))
         im.load()
-        check_size(op.format, *im.size, op.max_pixels)
+        _loaded(op, im, held, "convert", False, verifying=True)
         if im.mode in ("RGB", "L", "1") and "transparency" not in im.info:
             return None
         if im.mode == "P" and "transparency" not in im.info:

@@ -21,6 +21,7 @@ from .budget import Budget
 from .decode import MIME, Decoded, Header, Opened, decode_opened, open_checked, probe, verify
 from .encode import data_uri, encode
 from .legibility import estimate, strips
+from .memory import DecodeBudget, DecodeLimits
 from .policy import Policy
 from .pressure import long_side as pressed
 from . import spare, vips
@@ -150,14 +151,22 @@ def _within(data: bytes, header: Header, op: Opened, policy: Policy, t0: float, 
 
 
 def rewrite(data: bytes, header: Header, policy: Policy,
-            max_source_pixels: int = DEFAULT_MAX_SOURCE_PIXELS, spans: Spans = NONE) -> Rewritten:
+            max_source_pixels: int = DEFAULT_MAX_SOURCE_PIXELS, spans: Spans = NONE,
+            limits: DecodeLimits | None = None) -> Rewritten:
     """Rewrite ``data`` (already probed) for ``policy``. Within budget the original
     bytes pass through once they are verified and need no conversion. ``spans``: where
-    the time went, step by step (spans.py)."""
+    the time went, step by step (spans.py). ``limits``: the memory its decodes may hold
+    (``memory.py``), given back when it returns or raises."""
+    with DecodeBudget(limits) as held:
+        return _rewrite(data, header, policy, max_source_pixels, spans, held)
+
+
+def _rewrite(data: bytes, header: Header, policy: Policy, max_source_pixels: int, spans: Spans,
+             held: DecodeBudget) -> Rewritten:
     t0 = time.perf_counter()
     threads = spare.granted()  # more than 1 only while cores are idle (spare.py): same bytes either way
     vips.threads(1)  # a decode is sequential; the resize below takes the grant
-    op = open_checked(data, header.format, max_source_pixels)
+    op = open_checked(data, header.format, max_source_pixels, held)
     header = Header(header.format, *op.size)  # the real size, whatever the header declared
     before = tokens(header.width, header.height, policy)
     spans.mark("open")
@@ -205,8 +214,8 @@ def rewrite(data: bytes, header: Header, policy: Policy,
             return Rewritten(None, data, MIME[header.format], header.width, header.height, header.width,
                              header.height, len(data), before, before, seconds=time.perf_counter() - t0,
                              budget=budget)
-        return _within(data, header, open_checked(data, header.format, max_source_pixels), policy, t0, before,
-                       budget, spans)
+        return _within(data, header, open_checked(data, header.format, max_source_pixels, held), policy, t0,
+                       before, budget, spans)
     target = target_size(cw, ch, long_side, f, policy.min_pixels)
     if target == (cw, ch):  # trimmed content within the budget: on the grid too, as the engine would make it
         sh, sw = smart_resize(ch, cw, f, policy.min_pixels, policy.max_pixels)
@@ -215,7 +224,7 @@ def rewrite(data: bytes, header: Header, policy: Policy,
     if scale > 1 and (fw < need[0] or fh < need[1]):
         # the reduced decode is too small for this text's budget: decode again, finer
         k = max(need[0] / cw, need[1] / ch)  # draft sizes are as stored (before EXIF turns)
-        d = decode_opened(open_checked(data, header.format, max_source_pixels),
+        d = decode_opened(open_checked(data, header.format, max_source_pixels, held),
                           (max(1, int(header.width * k)), max(1, int(header.height * k))))
         full, reduced = d.image, None
         if trimmed:  # the same content box, in this decode's pixels
@@ -248,8 +257,8 @@ def _full_view(im, scale: float, header: Header) -> tuple[float, ...]:
 
 
 def rewrite_bytes(data: bytes, policy: Policy | None = None,
-                  max_source_pixels: int = DEFAULT_MAX_SOURCE_PIXELS) -> Rewritten:
+                  max_source_pixels: int = DEFAULT_MAX_SOURCE_PIXELS, limits: DecodeLimits | None = None) -> Rewritten:
     """Probe and rewrite raw image bytes (CPU-bound: call it off the event loop).
     Raises ``decode.ImageError`` (with ``.code``) for refused or broken images."""
     policy = policy or Policy()
-    return rewrite(data, probe(data, max_source_pixels), policy, max_source_pixels)
+    return rewrite(data, probe(data, max_source_pixels), policy, max_source_pixels, limits=limits)

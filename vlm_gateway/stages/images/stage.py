@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ...core import headers as H
@@ -43,6 +44,7 @@ from .decode import ImageError, probe
 from .encode import ENCODER, data_uri
 from .fetch import FetchError, check_address
 from .l1 import L1Cache
+from .memory import DecodeLimits
 from .policy import BELOW_FLOOR, POLICY_HEADER, Policy, parse_header, resolve
 from .rewrite import Rewritten, rewrite, tokens
 from .source import MediaSources, Source, as_error, content_hash
@@ -182,7 +184,8 @@ class ImageRewriter(Stage):
                 src.data = data
             data = src.data
             # within budget too: verified (and converted where engines would read it wrong) off the loop
-            r = await self.pool.run(rewrite, data, header, policy, self.cfg.max_source_pixels)
+            r = await self.pool.run(partial(rewrite, limits=self._limits(part)), data, header, policy,
+                                    self.cfg.max_source_pixels)
             if r.passthrough and src.kind == "url":  # URL within budget: its bytes, unchanged, inline
                 r = replace(r, url=data_uri(data, r.mime))
                 outcome = "passthrough"
@@ -197,6 +200,12 @@ class ImageRewriter(Stage):
             raise _bad(part, e) from None
         await self.l1.put(key, r)
         return r, outcome
+
+    def _limits(self, part: "ImagePart") -> DecodeLimits:
+        """The memory a rewrite of ``part`` may hold: images.max_decode_bytes per image, and
+        the process's decode bound while it runs (503 past it, naming the part)."""
+        budget = self.sources.budget
+        return DecodeLimits(self.cfg.max_decode_bytes, lambda n: budget.decoding(n, part.param), budget.decoded)
 
     # -- the stage -----------------------------------------------------------------
     async def __call__(self, req: "ChatRequest"):

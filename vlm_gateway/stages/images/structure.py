@@ -11,7 +11,8 @@ the same structures with a hard cap on the number of blocks (cost = O(min(blocks
 cap)), a few slice operations per block), refuse degenerate or truncated files,
 and return what a decoder should not have to discover by walking: the frame or
 page count, the canvas a GIF's frames really need, the ISOBMFF item count (tiles
-of an AVIF/HEIF grid) and its ``nclx`` colour description.
+of an AVIF/HEIF grid) and its ``nclx`` colour description; the AVIF/HEIF grid layout
+and coded sizes are checked by ``isobmff.py``.
 
 Errors are ``ImageError`` (``image_corrupt``, ``image_too_large`` or
 ``image_too_complex``), like every other decode refusal.
@@ -24,6 +25,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from . import isobmff
 from .errors import ImageError
 
 # Caps: far above what encoders write (noted beside each), far below what costs seconds.
@@ -60,6 +62,7 @@ class Layout:
     # (colour_primaries, transfer_characteristics, matrix_coefficients, full_range) of an ISOBMFF 'colr' nclx box
     nclx: tuple[int, int, int, int] | None = None
     items: int = 0
+    scans: int = 1  # JPEG: scan headers (more than one: libjpeg buffers every coefficient)
     # False when the container has no EXIF (a PNG without eXIf): orientation is 1 without
     # asking Pillow, whose PNG getexif() decodes the whole image to look for a late chunk
     exif: bool = True
@@ -112,7 +115,7 @@ def _jpeg(data: bytes) -> Layout:
     cap = max(MIN_JPEG_SCANS, min(MAX_JPEG_SCANS, MAX_JPEG_SCANS * 4_000_000 // max(1, pixels)))
     if scans > cap:
         raise _complex("jpeg", f"has {scans} scans (more than {cap} at this size)")
-    return Layout()
+    return Layout(scans=scans)
 
 
 def _png(data: bytes, crc: bool) -> Layout:
@@ -302,16 +305,19 @@ def _boxes(data: bytes, start: int, end: int, budget: list[int], fmt: str):
         i += size
 
 
-def _isobmff(data: bytes, fmt: str) -> Layout:
+def _isobmff(data: bytes, fmt: str, max_pixels: int) -> Layout:
     budget = [MAX_ISOBMFF_BOXES]
     layout = Layout()
     meta = False
+    children: list[tuple[bytes, int, int]] = []  # the meta box's
+    props: list[tuple[bytes, int, int]] = []  # ipco's, in order (ipma names them by index)
     try:
         for kind, p, end in _boxes(data, 0, len(data), budget, fmt):
-            if kind != b"meta":
+            if kind != b"meta" or meta:
                 continue
             meta = True
             for k2, p2, e2 in _boxes(data, p + 4, end, budget, fmt):  # meta is a full box
+                children.append((k2, p2, e2))
                 if k2 == b"iinf":
                     version = data[p2]
                     layout.items = (struct.unpack_from(">H", data, p2 + 4)[0] if version == 0
@@ -321,6 +327,7 @@ def _isobmff(data: bytes, fmt: str) -> Layout:
                         if k3 != b"ipco":
                             continue
                         for k4, p4, e4 in _boxes(data, p3, e3, budget, fmt):
+                            props.append((k4, p4, e4))
                             if k4 == b"colr" and data[p4:p4 + 4] == b"nclx" and e4 - p4 >= 11 and layout.nclx is None:
                                 prim, trc, mat = struct.unpack_from(">HHH", data, p4 + 4)
                                 layout.nclx = (prim, trc, mat, data[p4 + 10] >> 7)
@@ -330,6 +337,7 @@ def _isobmff(data: bytes, fmt: str) -> Layout:
         raise _corrupt(fmt, "no meta box")
     if layout.items > MAX_ISOBMFF_ITEMS:
         raise _complex(fmt, f"has {layout.items} items (tiles); the limit is {MAX_ISOBMFF_ITEMS}")
+    isobmff.check(data, children, props, fmt, max_pixels)  # grids, tiles and coded sizes
     return layout
 
 
@@ -348,5 +356,5 @@ def scan(data: bytes, fmt: str, max_pixels: int, crc: bool = True) -> Layout:
     if fmt == "webp":
         return _webp(data)
     if fmt in ("avif", "heif"):
-        return _isobmff(data, fmt)
+        return _isobmff(data, fmt, max_pixels)
     return Layout()

@@ -4,10 +4,11 @@ and Pillow's chunked PNG decode does not scale over threads) and the final filte
 downscale (vips reduce, Catmull-Rom "cubic" = Pillow's BICUBIC family, 1.8 ms vs 4.7 ms for
 960x540 -> 768x448). Everything else (checks, colour, trim, encode) stays in Pillow.
 
-Only plain PNGs take the libvips decode: 8-bit RGB or grey, no transparency, no colour
-profile, nothing ``decode.static_reasons`` would convert; the structural scan (chunk
-CRCs, IEND, caps) and the size checks have already run on the bytes. Anything else, or
-libvips missing, goes the Pillow way.
+Only plain PNGs take the libvips decode: RGB or grey as Pillow opens them (8-bit, 1/2/4-bit
+grey, and 16-bit RGB, whose samples Pillow and this path both reduce to their high byte),
+no transparency, no colour profile, nothing ``decode.static_reasons`` would convert; the
+structural scan (chunk CRCs, IEND, caps) and the size checks have already run on the
+bytes. Anything else, or libvips missing, goes the Pillow way.
 
 No copies between the two: libvips reads a Pillow image's own memory (Pillow exports it
 through the Arrow C data interface: RGB as four bytes a pixel, the layout libvips then
@@ -59,6 +60,8 @@ def decode_png(data: bytes, size: tuple[int, int]) -> Image.Image:
     shares libvips' memory: ``RGBX`` (RGB and a padding band, Pillow's own layout for RGB,
     so nothing is copied) or ``L``. ``rgb()`` turns it into RGB, best after a reduction."""
     v = pyvips.Image.new_from_buffer(data, "", access="sequential", fail=True)
+    if v.format == "ushort" and v.bands == 3:
+        v = v.cast("uchar", shift=True)  # 16-bit RGB: the high byte, as Pillow's RGB;16B unpacker keeps
     if (v.width, v.height) != size or v.format != "uchar" or v.bands not in (1, 3):
         raise ValueError(f"libvips read {v.width}x{v.height}x{v.bands} {v.format}, the header says {size}")
     mode = "L" if v.bands == 1 else "RGBX"

@@ -5,6 +5,7 @@ Modules, in pipeline order (each states its contract):
 
 - ``errors``   VideoError(code, message) for every refusal
 - ``settings`` VideoSettings: rates, caps and limits (the stage fills them from config)
+- ``tables``   the container's own counts (samples, indexes, frame sizes) before FFmpeg reads them
 - ``probe``    container sniffing from magic bytes and header limits before any decode
 - ``decode``   streaming PyAV decode with frame, pixel, duration and wall-clock bounds
 - ``sample``   frames on a fixed-rate grid: the scene on screen at each sample time

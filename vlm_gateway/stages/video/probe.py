@@ -4,20 +4,25 @@
 type or a file name): MP4/MOV, Matroska/WebM, AVI, MPEG-TS. Anything else is refused
 with a message that says what it looks like (a zip, an HTML page, an image, HEIC/AVIF).
 
-``open_video(data, settings)`` opens it with PyAV (FFmpeg) forcing that one demuxer, a
-bounded probe, no external references, and checks the first video stream's codec
-against an allow-list and its declared size, duration and frame count against the
-limits. The declared values are only a first gate: decode.py enforces the same limits on
-what is actually decoded.
+``open_video(data, settings)`` first reads the container's own tables (tables.py: sample
+counts, indexes, declared frame sizes) and refuses what exceeds the limits before FFmpeg
+builds anything from them; then opens it with PyAV (FFmpeg) forcing that one demuxer, a
+bounded probe, no external references, and the decoders' own bound on frame size
+(``max_pixels``: FFmpeg refuses to allocate a larger frame, also while probing the
+streams), and checks the first video stream's codec against an allow-list and its
+declared size, duration and frame count against the limits. The declared values are only
+a first gate: decode.py enforces the same limits on what is actually decoded.
 """
 
 from __future__ import annotations
 
 import io
 import math
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 
+from . import tables
 from .errors import VideoError
 from .settings import VideoSettings
 
@@ -85,11 +90,37 @@ def _av():
     except ImportError:  # pragma: no cover - the extra is not installed
         raise VideoError("video input needs PyAV on the gateway (pip install -e . in the gateway's checkout)",
                          "video_unavailable") from None
+    if av.logging.get_level() is None:
+        # FFmpeg's errors reach Python, where each decode captures its own (oversized_frame)
+        av.logging.set_level(av.logging.ERROR)
     return av
 
 
-def _open(av, data: bytes, kind: str):
-    opts = {"probesize": str(8 * 2**20), "analyzeduration": "5000000", "enable_drefs": "0"}
+_OVERSIZED = re.compile(r"Picture size (\d+)x(\d+) exceeds")
+
+
+def oversized_frame(logs, settings: VideoSettings) -> VideoError | None:
+    """The refusal for a frame a decoder would not allocate (its max_pixels), from the
+    messages FFmpeg logged (``av.logging.Capture``): the size it named, when it did."""
+    for _, _, message in logs:
+        m = _OVERSIZED.search(message)
+        if m:
+            w, h = int(m.group(1)), int(m.group(2))
+            return VideoError(f"a frame of the video is {w}x{h}, above the limit of "
+                              f"{settings.max_frame_pixels / 1e6:.1f} megapixels", "video_frame_too_large")
+    return None
+
+
+def max_pixels(settings: VideoSettings) -> int:
+    """The decoders' own frame bound (AVCodecContext.max_pixels), with room for the stride
+    alignment FFmpeg adds to the width before comparing; decode.py checks the exact limit."""
+    return settings.max_frame_pixels * 5 // 4
+
+
+def _open(av, data: bytes, kind: str, settings: VideoSettings):
+    # max_pixels reaches the decoders avformat_find_stream_info opens to probe the streams
+    opts = {"probesize": str(8 * 2**20), "analyzeduration": "5000000", "enable_drefs": "0",
+            "max_pixels": str(max_pixels(settings))}
     try:  # PyAV < 19: undecodable metadata raises unless told to ignore it
         return av.open(io.BytesIO(data), mode="r", format=DEMUXERS[kind], options=opts, metadata_errors="ignore")
     except TypeError:  # PyAV 19 dropped the argument (metadata is read leniently)
@@ -102,9 +133,11 @@ def open_video(data: bytes, settings: VideoSettings):
         raise VideoError(f"the video is {len(data) / 2**20:.1f} MiB, above the limit of "
                          f"{settings.max_bytes / 2**20:.0f} MiB", "video_too_large")
     kind = sniff(data)
+    tables.check(data, kind, settings)
     av = _av()
     try:
-        container = _open(av, data, kind)
+        with av.logging.Capture(local=True):  # probing refusals are FFmpeg's business, not the log's
+            container = _open(av, data, kind, settings)
     except (av.FFmpegError, ValueError, OSError) as e:
         raise VideoError(f"the {kind.upper()} container is corrupt or truncated ({_short(e)})",
                          "video_corrupt") from None
