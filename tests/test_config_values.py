@@ -134,6 +134,8 @@ BAD: dict[str, typing.Any] = {
     "limits.max_total_audio_bytes": -1,
     "limits.max_media_bytes_in_flight": -1,
     "images.max_decode_bytes": -1,
+    "images.max_decode_bytes_large": -1,
+    "images.max_decode_bytes_per_source_byte": -1,
     "images.max_decode_bytes_in_flight": -1,
     "backends[].metrics_format": "json",
     "images.coordinates": "qwen4",

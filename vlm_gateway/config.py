@@ -233,6 +233,11 @@ class ImagesConfig:
     # Most memory one image's decode may hold (bytes, estimated before decoding: canvas x the
     # bytes per pixel its format and conversions need, docs/IMAGES.md); more gets 400. 0 = no cap.
     max_decode_bytes: int = 256 * 1024 * 1024
+    # ... and for a file that backs a larger decode: up to this many bytes when the decode
+    # holds at most max_decode_bytes_per_source_byte bytes per byte of the file (a 48 MP
+    # photo is read; a few hundred bytes declaring a huge canvas are not).
+    max_decode_bytes_large: int = 512 * 1024 * 1024
+    max_decode_bytes_per_source_byte: int = 256
     # Memory the image decodes running in one process may hold together (their estimates);
     # a decode that would pass it gets 503 with Retry-After. 0 = no bound.
     max_decode_bytes_in_flight: int = 1024 * 1024 * 1024

@@ -320,6 +320,8 @@ RULES: dict[str, Rule] = {
     "images.max_fetch_bytes": at_least(1),
     "images.max_source_pixels": at_least(1),
     "images.max_decode_bytes": at_least(0),
+    "images.max_decode_bytes_large": at_least(0),
+    "images.max_decode_bytes_per_source_byte": at_least(0),
     "images.max_decode_bytes_in_flight": at_least(0),
     "images.trim_tolerance": within(0, 255),
     "images.jpeg_quality": within(1, 100),

@@ -153,7 +153,9 @@ class ImageRewriteHook(CustomLogger):
             try:
                 r = await loop.run_in_executor(self._pool, rewrite_bytes, raw, policy,
                                                self.images.max_source_pixels,
-                                               DecodeLimits(self.images.max_decode_bytes))
+                                               DecodeLimits(self.images.max_decode_bytes,
+                                                           large_bytes=self.images.max_decode_bytes_large,
+                                                           per_source_byte=self.images.max_decode_bytes_per_source_byte))
             except ImageError as e:
                 raise litellm.BadRequestError(f"image refused: {e}", model=model,
                                               llm_provider="vlm-gateway") from None

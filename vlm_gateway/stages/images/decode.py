@@ -283,7 +283,7 @@ def open_checked(data: bytes, fmt: str, max_pixels: int, budget: DecodeBudget | 
         nclx = (int(p.get("color_primaries", 2)), int(p.get("transfer_characteristics", 2)),
                 int(p.get("matrix_coefficients", 2)), int(p.get("full_range_flag", 1)))
     return Opened(im, fmt, max(1, frames), nclx, layout.exif, max_pixels, data,
-                  budget if budget is not None else DecodeBudget(), layout.scans)
+                  budget if budget is not None else DecodeBudget(source_bytes=len(data)), layout.scans)
 
 
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height

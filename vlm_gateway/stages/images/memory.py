@@ -31,7 +31,12 @@ that ``need`` is never below what a decode really takes.
 
 ``DecodeBudget``: one rewrite's decodes. ``need`` above ``max_bytes``
 (``images.max_decode_bytes``) is a 400 ``image_too_large`` before the library
-allocates; what is admitted is reserved from the process's decode bound
+allocates, unless the file backs it: a decode of up to ``large_bytes``
+(``images.max_decode_bytes_large``) is admitted when it holds at most ``per_source_byte``
+(``images.max_decode_bytes_per_source_byte``) bytes per byte of the source file. A 48 MP
+photo (a 290 MB PNG decode from a file of tens of MB, a 350 MB HEIC one from 5-10 MB) is
+read; a few hundred bytes that declare a 64 MP canvas are not: a bomb's ratio is in the
+thousands (deflate reaches 1032:1 before PNG filtering), a photo's in the tens; what is admitted is reserved from the process's decode bound
 (``images.max_decode_bytes_in_flight``, ``inflight.MediaBudget.decoding``: 503 past
 it) until the rewrite ends, however it ends.
 """
@@ -48,6 +53,8 @@ if TYPE_CHECKING:
     from PIL import Image
 
 DEFAULT_MAX_DECODE_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_DECODE_BYTES_LARGE = 512 * 1024 * 1024
+DEFAULT_PER_SOURCE_BYTE = 256
 BASE = 2 * 1024 * 1024  # buffers of any decode that do not grow with the canvas
 
 STORED = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16B": 2, "I;16L": 2, "I;16N": 2}  # else 4
@@ -133,22 +140,34 @@ class DecodeLimits:
     max_bytes: int = DEFAULT_MAX_DECODE_BYTES
     reserve: Callable[[int], None] | None = None
     release: Callable[[int], None] | None = None
+    large_bytes: int = DEFAULT_MAX_DECODE_BYTES_LARGE
+    per_source_byte: int = DEFAULT_PER_SOURCE_BYTE
+
+    def cap(self, source_bytes: int) -> int:
+        """The most one decode of a ``source_bytes`` file may hold (0: no cap)."""
+        if not self.max_bytes:
+            return 0
+        backed = min(self.large_bytes, self.per_source_byte * source_bytes)
+        return max(self.max_bytes, backed)
 
 
 class DecodeBudget:
     """The decodes of one rewrite: each ``need`` is checked against the per-image cap and
     added to what the rewrite holds from the process bound; ``close`` gives it back."""
 
-    def __init__(self, limits: DecodeLimits | None = None) -> None:
+    def __init__(self, limits: DecodeLimits | None = None, source_bytes: int = 0) -> None:
         self.limits = limits or DecodeLimits()
+        self.cap = self.limits.cap(source_bytes)
         self.held = 0     # reserved from the process bound
         self.peak = 0     # the largest single need (for the error message)
 
     def need(self, n: int, what: str) -> None:
-        cap = self.limits.max_bytes
+        cap = self.cap
         if cap and n > cap:
+            keys = ("images.max_decode_bytes" if cap == self.limits.max_bytes else
+                    "images.max_decode_bytes_large / max_decode_bytes_per_source_byte")
             raise ImageError(f"decoding the {what} would hold about {mb(n)}, above the limit of {mb(cap)} "
-                             f"(images.max_decode_bytes); send it smaller", "image_too_large")
+                             f"for a file of this size ({keys}); send it smaller", "image_too_large")
         if self.limits.reserve is not None:
             self.limits.reserve(n)
         self.held += n

@@ -157,7 +157,7 @@ def rewrite(data: bytes, header: Header, policy: Policy,
     bytes pass through once they are verified and need no conversion. ``spans``: where
     the time went, step by step (spans.py). ``limits``: the memory its decodes may hold
     (``memory.py``), given back when it returns or raises."""
-    with DecodeBudget(limits) as held:
+    with DecodeBudget(limits, len(data)) as held:
         return _rewrite(data, header, policy, max_source_pixels, spans, held)
 
 

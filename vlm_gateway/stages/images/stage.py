@@ -202,10 +202,13 @@ class ImageRewriter(Stage):
         return r, outcome
 
     def _limits(self, part: "ImagePart") -> DecodeLimits:
-        """The memory a rewrite of ``part`` may hold: images.max_decode_bytes per image, and
-        the process's decode bound while it runs (503 past it, naming the part)."""
+        """The memory a rewrite of ``part`` may hold: images.max_decode_bytes per image (more
+        for a file that backs it), and the process's decode bound while it runs (503 past it,
+        naming the part)."""
         budget = self.sources.budget
-        return DecodeLimits(self.cfg.max_decode_bytes, lambda n: budget.decoding(n, part.param), budget.decoded)
+        c = self.cfg
+        return DecodeLimits(c.max_decode_bytes, lambda n: budget.decoding(n, part.param), budget.decoded,
+                            c.max_decode_bytes_large, c.max_decode_bytes_per_source_byte)
 
     # -- the stage -----------------------------------------------------------------
     async def __call__(self, req: "ChatRequest"):
